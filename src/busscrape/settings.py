@@ -1,0 +1,298 @@
+"""One settings object for every busscrape process.
+
+Values come from (highest first) CLI flags, ``BUSSCRAPE_*`` environment variables (sections
+nested with ``__``: ``BUSSCRAPE_NATS__URL``, ``BUSSCRAPE_WORKER__CONCURRENCY``), a ``.env`` file,
+then the defaults below. The CLI builds it once and passes it down; nothing reads the
+environment anywhere else. ``busscrape config`` prints the effective values (secrets masked).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .units import Duration, Size
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class NatsSettings(_Section):
+    """How to reach NATS. Credentials come only from here (env or files), never from flags."""
+
+    url: str | None = None
+    """Server URL(s), comma-separated (``nats://host:4222``, ``tls://…``). Unset: ``busscrape run``
+    and ``busscrape demo`` start an embedded nats-server; the daemons fall back to
+    ``nats://127.0.0.1:4222``."""
+    user: str | None = None
+    """User name for user/password authentication."""
+    password: SecretStr | None = None
+    """Password for user/password authentication."""
+    token: SecretStr | None = None
+    """Token for token authentication."""
+    creds_file: Path | None = None
+    """A ``.creds`` file (JWT + nkey seed) for decentralised authentication."""
+    nkey_seed_file: Path | None = None
+    """A file holding an nkey seed (``SU…``) for nkey authentication."""
+    tls_ca_file: Path | None = None
+    """CA bundle used to verify the server's certificate (turns TLS on)."""
+    tls_cert_file: Path | None = None
+    """Client certificate for mutual TLS."""
+    tls_key_file: Path | None = None
+    """Client key for mutual TLS."""
+    tls_hostname: str | None = None
+    """Server name to verify in the certificate when it differs from the URL's host."""
+    connect_timeout: Duration = 5.0
+    """How long to wait for the first connection before giving up."""
+    request_timeout: Duration = 10.0
+    """Timeout of JetStream API requests and synchronous publishes."""
+    server_binary: str | None = None
+    """Path of the nats-server binary for the embedded server (default: found on PATH)."""
+
+    def server_urls(self) -> list[str]:
+        """The configured server URLs, or the local default."""
+        if not self.url:
+            return ["nats://127.0.0.1:4222"]
+        return [u.strip() for u in self.url.split(",") if u.strip()]
+
+
+class StreamSettings(_Section):
+    """The knobs that ``streams/*.toml`` refer to as ``{streams.<name>}``."""
+
+    definitions_dir: Path | None = None
+    """Folder of stream definitions to apply instead of the bundled ``streams/``."""
+    replicas: int = Field(1, ge=1, le=5)
+    """Replicas of every stream and bucket (3 on a clustered production server)."""
+    tasks_max_age: Duration = "14d"
+    """How long an unprocessed task may wait in TASKS before it is discarded."""
+    duplicate_window: Duration = "10m"
+    """How long ``Nats-Msg-Id`` de-duplication remembers a publish on TASKS and RESULTS."""
+    results_max_age: Duration = "7d"
+    """How long results stay in RESULTS (the ingester normally takes them in seconds)."""
+    results_max_bytes: Size = "8GiB"
+    """Upper bound on RESULTS size; -1 for none. Results carry references, not page bytes."""
+    deadletter_max_age: Duration = "90d"
+    """How long dead letters are kept for ``busscrape dlq``."""
+    recrawl_window: Duration = "30d"
+    """Longest recrawl window the SEEN bucket can hold (``--recrawl-after`` may be shorter)."""
+    artifacts_ttl: Duration = "8d"
+    """Safety-net TTL of the ARTIFACTS object store; longer than ``results_max_age``."""
+    attempts_ttl: Duration = "14d"
+    """How long a task's attempt history is kept."""
+    worker_ack_wait: Duration = "60s"
+    """Redelivery delay of a task whose worker went silent (workers heartbeat well inside it)."""
+    worker_max_deliver: int = Field(5, ge=1)
+    """Deliveries of one task before it is dead-lettered."""
+    worker_max_ack_pending: int = Field(20_000, ge=1)
+    """Tasks in flight across the whole worker fleet."""
+    ingester_ack_wait: Duration = "120s"
+    """Redelivery delay of a result whose ingester went silent."""
+    max_msg_size: Size = "1MiB"
+    """Largest message accepted by TASKS and RESULTS; page bytes travel in ARTIFACTS."""
+
+    def worker_backoff(self) -> list[float]:
+        """Redelivery delays for tasks whose worker went silent: ack_wait, then doubling."""
+        waits = [self.worker_ack_wait * (2**i) for i in range(max(self.worker_max_deliver - 1, 1))]
+        return waits
+
+
+class DispatchSettings(_Section):
+    """``busscrape dispatch``."""
+
+    window: int = Field(4096, ge=1)
+    """Publishes in flight before waiting for acknowledgements."""
+    max_url_length: int = Field(2048, ge=16)
+    """Longest URL accepted (after normalisation)."""
+    strip_tracking: bool = False
+    """Drop tracking parameters (``utm_*``, ``fbclid``, …) before de-duplication."""
+    tracking_params: list[str] = [
+        "utm_*", "fbclid", "gclid", "dclid", "gbraid", "wbraid", "msclkid", "mc_cid", "mc_eid",
+        "yclid", "igshid", "_ga", "_gl", "_hsenc", "_hsmi", "mkt_tok", "oly_anon_id", "oly_enc_id",
+        "vero_id", "rb_clickid", "s_cid", "ref_src",
+    ]
+    """Parameter names (``*`` wildcard) that ``strip_tracking`` removes."""
+    sort_query: bool = False
+    """Sort query parameters so that ``?b=1&a=2`` and ``?a=2&b=1`` are one URL."""
+    recrawl_after: Duration = "7d"
+    """A URL dispatched again within this window is skipped as already seen."""
+    publish_retries: int = Field(3, ge=0)
+    """Retries of a publish that failed or timed out before it is counted as failed."""
+
+
+class BrowserSettings(_Section):
+    """The Chromium the workers drive."""
+
+    executable_path: Path | None = None
+    """Chromium binary. Default: Playwright's own if installed, else a system Chromium."""
+    headless: bool = True
+    """Run without a window."""
+    extra_args: list[str] = []
+    """More Chromium command-line switches."""
+    no_sandbox: bool | None = None
+    """Pass ``--no-sandbox`` (default: only when running as root, where Chromium needs it)."""
+
+
+class WorkerSettings(_Section):
+    """``busscrape worker``."""
+
+    name: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    """Name recorded in results and logs."""
+    concurrency: int = Field(4, ge=1, le=256)
+    """Browser pages rendering at once (a worker fetches only when one is free)."""
+    navigation_timeout: Duration = "30s"
+    """Default navigation timeout of a task (a task may set its own)."""
+    task_timeout: Duration = "120s"
+    """Hard limit on one task from start to result, steps included."""
+    grace_period: Duration = "30s"
+    """On the first SIGTERM, how long in-flight tasks may finish before they are handed back."""
+    retry_statuses: str = "408,425,429,500-599"
+    """HTTP statuses that are retried (then dead-lettered when retries run out)."""
+    dead_statuses: str = "400-499"
+    """HTTP statuses that dead-letter at once (unless also in ``retry_statuses``)."""
+    retry_base_delay: Duration = "2s"
+    """First retry delay; doubles each attempt, with jitter, capped by ``retry_max_delay``."""
+    retry_max_delay: Duration = "5m"
+    """Longest retry delay (a larger ``Retry-After`` is capped to this)."""
+    recycle_after_tasks: int = Field(500, ge=1)
+    """Relaunch the browser after this many tasks, to shed leaked memory."""
+    recycle_rss: Size = "3GiB"
+    """Relaunch the browser when Chromium's processes use more than this."""
+    host_concurrency: int = Field(2, ge=1)
+    """Pages open on one host at once within this worker."""
+    host_delay: Duration = 0.0
+    """Minimum time between two navigations to one host within this worker."""
+    allow_evaluate: bool = False
+    """Allow the ``evaluate`` step (runs task-supplied JavaScript in the page)."""
+    max_page_bytes: Size = "60MB"
+    """Largest rendered HTML accepted; larger pages dead-letter with ``page_too_large``."""
+    max_har_bytes: Size = "100MB"
+    """Largest HAR accepted; response bodies are dropped first, then the task fails."""
+    max_screenshot_height: int = Field(16384, ge=256)
+    """Full-page screenshots are cut at this many CSS pixels."""
+    max_steps: int = Field(100, ge=1)
+    """Most steps a task may carry."""
+    reaper: bool = True
+    """Also run the dead-delivery reaper (moves tasks that ran out of deliveries)."""
+    max_tasks: int | None = None
+    """Exit after this many tasks (bounded runs and tests)."""
+    exit_when_idle: Duration | None = None
+    """Exit when no task arrived for this long."""
+
+
+class NetworkPolicySettings(_Section):
+    """Where pages may connect. By default only public addresses."""
+
+    allow: list[str] = []
+    """CIDRs (``127.0.0.2/32``) and ``host:port`` pairs opened despite being non-public."""
+
+
+class S3Settings(_Section):
+    """S3-compatible storage (MinIO) for the archive. Setting the endpoint selects it."""
+
+    endpoint: str | None = None
+    """``host:port`` of the S3 endpoint, or a URL (``https://minio:9000``)."""
+    access_key: SecretStr | None = None
+    """Access key id."""
+    secret_key: SecretStr | None = None
+    """Secret access key."""
+    bucket: str = "busscrape"
+    """Bucket (created if missing)."""
+    region: str = "us-east-1"
+    """Region name sent with requests."""
+    secure: bool = False
+    """Use TLS (https)."""
+    ca_file: Path | None = None
+    """CA bundle to verify the endpoint's certificate."""
+
+
+class ArchiveSettings(_Section):
+    """Where results are archived."""
+
+    dir: Path | None = None
+    """Local archive folder when no S3 endpoint is set (default: ``<state_dir>/archive``)."""
+    prefix: str = ""
+    """Key prefix inside the bucket or folder."""
+    compress: bool = True
+    """Store HTML, HAR and text gzip-compressed (``page.html.gz`` …, readable with zcat)."""
+
+
+class IngesterSettings(_Section):
+    """``busscrape ingester``."""
+
+    name: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    """Name recorded in logs."""
+    concurrency: int = Field(8, ge=1, le=256)
+    """Results archived at once."""
+    upload_concurrency: int = Field(8, ge=1, le=64)
+    """Objects uploaded at once across all results."""
+    max_results: int | None = None
+    """Exit after this many results (bounded runs and tests)."""
+    exit_when_idle: Duration | None = None
+    """Exit when no result arrived for this long."""
+
+
+class TelemetrySettings(_Section):
+    """Logs, metrics and health endpoints (tracing follows the standard ``OTEL_*`` variables)."""
+
+    log_format: Literal["auto", "json", "console"] = "auto"
+    """``json`` lines, ``console`` (pretty), or ``auto``: pretty on a terminal, JSON otherwise."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged."""
+    http_host: str = "0.0.0.0"
+    """Address the daemons' ``/healthz``, ``/readyz`` and ``/metrics`` listen on."""
+    http_port: int | None = 9464
+    """Port of that server; 0 picks a free one, unset turns it off."""
+
+
+class Settings(BaseSettings):
+    """Everything configurable, from ``BUSSCRAPE_*`` variables (nested with ``__``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BUSSCRAPE_",
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="ignore",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    state_dir: Path = Path(".busscrape")
+    """Local state of the embedded default: nats-server store, archive, logs."""
+    nats: NatsSettings = NatsSettings()
+    streams: StreamSettings = StreamSettings()
+    dispatch: DispatchSettings = DispatchSettings()
+    browser: BrowserSettings = BrowserSettings()
+    worker: WorkerSettings = WorkerSettings()
+    network: NetworkPolicySettings = NetworkPolicySettings()
+    s3: S3Settings = S3Settings()
+    archive: ArchiveSettings = ArchiveSettings()
+    ingester: IngesterSettings = IngesterSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+
+    @field_validator("state_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    def archive_dir(self) -> Path:
+        """The local archive folder (used when no S3 endpoint is set)."""
+        return self.archive.dir or self.state_dir / "archive"
+
+    def with_overrides(self, **sections: dict[str, object]) -> Settings:
+        """A copy with some fields replaced, re-validated (how CLI flags win over env)."""
+        data = self.model_dump()
+        for section, values in sections.items():
+            clean = {k: v for k, v in values.items() if v is not None}
+            if isinstance(data.get(section), dict):
+                data[section].update(clean)
+            elif clean:
+                raise KeyError(section)
+        # model_dump keeps SecretStr objects in python mode, so secrets survive the copy.
+        return Settings.model_validate(data)
+

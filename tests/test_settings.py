@@ -1,0 +1,49 @@
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from busscrape.settings import Settings
+
+
+def test_env_nested_with_double_underscore(monkeypatch):
+    monkeypatch.setenv("BUSSCRAPE_NATS__URL", "nats://127.0.0.5:4222")
+    monkeypatch.setenv("BUSSCRAPE_WORKER__CONCURRENCY", "7")
+    monkeypatch.setenv("BUSSCRAPE_STREAMS__RESULTS_MAX_AGE", "2d")
+    monkeypatch.setenv("BUSSCRAPE_NETWORK__ALLOW", '["127.0.0.2/32", "localhost:8080"]')
+    s = Settings()
+    assert s.nats.url == "nats://127.0.0.5:4222"
+    assert s.worker.concurrency == 7
+    assert s.streams.results_max_age == 2 * 86400
+    assert s.network.allow == ["127.0.0.2/32", "localhost:8080"]
+
+
+def test_flags_override_env_and_keep_the_rest(monkeypatch):
+    monkeypatch.setenv("BUSSCRAPE_WORKER__CONCURRENCY", "7")
+    monkeypatch.setenv("BUSSCRAPE_NATS__PASSWORD", "s3cret")
+    s = Settings().with_overrides(worker={"concurrency": 3, "max_tasks": None}, streams={"worker_ack_wait": "30s"})
+    assert s.worker.concurrency == 3
+    assert s.streams.worker_ack_wait == 30
+    assert s.nats.password is not None and s.nats.password.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(s) and "s3cret" not in str(s.model_dump(mode="json"))
+
+
+def test_invalid_value_names_the_field(monkeypatch):
+    monkeypatch.setenv("BUSSCRAPE_WORKER__CONCURRENCY", "zero")
+    with pytest.raises(ValidationError) as info:
+        Settings()
+    assert "concurrency" in str(info.value)
+
+
+def test_every_setting_is_documented():
+    undocumented = []
+    for name, field in Settings.model_fields.items():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            undocumented += [f"{name}.{sub}" for sub, f in section.model_fields.items() if not f.description]
+        elif not field.description:
+            undocumented.append(name)
+    assert undocumented == []
+
+
+def test_worker_backoff_grows_from_ack_wait():
+    s = Settings(streams={"worker_ack_wait": "10s", "worker_max_deliver": 4})
+    assert s.streams.worker_backoff() == [10, 20, 40]
