@@ -1,0 +1,41 @@
+import hashlib
+import os
+
+import pytest
+
+from busscrape.artifacts import ArtifactStore, object_name
+from busscrape.errors import ArtifactUnusable
+from busscrape.subjects import ARTIFACTS_BUCKET
+
+
+async def test_put_stream_and_delete_a_large_object(applied):
+    store = ArtifactStore(applied.js)
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    ref = await store.put(object_name("a" * 32, 5, 1, "page.html"), data, "text/html", kind="html", file="page.html")
+    assert ref.size == len(data) and ref.sha256 == hashlib.sha256(data).hexdigest()
+    chunks = [c async for c in store.stream(ref)]
+    assert len(chunks) > 1 and b"".join(chunks) == data
+    # nats-py's own object store reads what we wrote (same layout as `nats object get`)
+    native = await applied.js.object_store(ARTIFACTS_BUCKET)
+    assert (await native.get(ref.object)).data == data
+    await store.delete(ref.object)
+    assert not await store.exists(ref)
+    with pytest.raises(ArtifactUnusable) as info:
+        await store.read(ref)
+    assert info.value.reason == "artifact_missing"
+    await store.delete(ref.object)  # idempotent
+
+
+async def test_empty_object(applied):
+    store = ArtifactStore(applied.js)
+    ref = await store.put("e/1/1/empty.txt", b"", "text/plain", kind="text", file="page.txt")
+    assert await store.read(ref) == b""
+
+
+async def test_a_checksum_mismatch_is_unusable(applied):
+    store = ArtifactStore(applied.js)
+    ref = await store.put("c/1/1/x.html", b"hello", "text/html", kind="html", file="page.html")
+    forged = ref.model_copy(update={"sha256": "0" * 64})
+    with pytest.raises(ArtifactUnusable) as info:
+        await store.read(forged)
+    assert info.value.reason == "artifact_checksum_mismatch"
