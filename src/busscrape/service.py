@@ -79,10 +79,10 @@ class PullService(ABC):
     async def handle(self, msg: Msg) -> None:
         """Work on one message and ack/nak/term it."""
 
-    async def setup(self) -> None:
+    async def setup(self) -> None:  # noqa: B027 - optional hook
         """Acquire resources (browser, storage) before the first fetch."""
 
-    async def teardown(self) -> None:
+    async def teardown(self) -> None:  # noqa: B027 - optional hook
         """Release them after the last message."""
 
     async def background(self) -> list[asyncio.Task[Any]]:
@@ -172,7 +172,7 @@ class PullService(ABC):
     async def _drain(self) -> None:
         """Let in-flight work finish within the grace period; cancel (and so nak) the rest."""
         if self._inflight and self._stop_calls == 1:
-            done, pending = await asyncio.wait(set(self._inflight), timeout=self.grace_period)
+            _done, pending = await asyncio.wait(set(self._inflight), timeout=self.grace_period)
             for task in pending:
                 task.cancel()
         if self._inflight:
