@@ -42,8 +42,3 @@ def test_every_setting_is_documented():
         elif not field.description:
             undocumented.append(name)
     assert undocumented == []
-
-
-def test_worker_backoff_grows_from_ack_wait():
-    s = Settings(streams={"worker_ack_wait": "10s", "worker_max_deliver": 4})
-    assert s.streams.worker_backoff() == [10, 20, 40]

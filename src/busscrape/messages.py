@@ -143,6 +143,10 @@ class ScrapeResult(Message):
     worker: str
     attempt: int = Field(ge=1)
     scraped_at: datetime
+    blocked_requests: tuple[str, ...] = ()
+    """Sub-requests the network policy refused (the page rendered without them)."""
+    dispatched_at: datetime | None = None
+    """When the task was dispatched (tells re-dispatches of one task id apart)."""
 
 
 # -- dead letter --------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ class PullService(ABC):
         self._stop_calls = 0
         self._taken = 0
         self._inflight: dict[asyncio.Task[Any], Msg] = {}
+        self._fetching: set[asyncio.Task[Any]] = set()
         self._last_activity = time.monotonic()
         self._entered = False
         self._started = False
@@ -128,12 +129,13 @@ class PullService(ABC):
         subs = await self._bind()
         await self._learn_ack_wait()
         extra = await self.background()
-        slots = [asyncio.create_task(self._slot(sub), name=f"{self.kind}-slot-{i}") for i, sub in enumerate(subs)]
+        slots = {asyncio.create_task(self._slot(sub), name=f"{self.kind}-slot-{i}"): sub
+                 for i, sub in enumerate(subs)}
         log.info(f"{self.kind}.started", concurrency=self.concurrency, stream=self.stream, consumer=self.durable)
         watcher = asyncio.create_task(self._watch_idle())
         try:
             await self._stopping.wait()
-            await self._drain()
+            await self._drain(slots)
         finally:
             watcher.cancel()
             for task in [*slots, *extra]:
@@ -169,12 +171,22 @@ class PullService(ABC):
         # Heartbeat well inside ack_wait: three beats per window survive one lost beat.
         self.heartbeat_interval = max(ack_wait / 3, 0.2)
 
-    async def _drain(self) -> None:
+    async def _drain(self, slots: dict[asyncio.Task[None], Any]) -> None:
         """Let in-flight work finish within the grace period; cancel (and so nak) the rest."""
         if self._inflight and self._stop_calls == 1:
-            _done, pending = await asyncio.wait(set(self._inflight), timeout=self.grace_period)
-            for task in pending:
+            await asyncio.wait(set(self._inflight), timeout=self.grace_period)
+        # Withdraw this process's waiting pull requests before handing anything back: the
+        # server would otherwise redeliver the handed-back messages straight into them, and
+        # they would sit here until ack_wait instead of going to another process at once.
+        for task, sub in slots.items():
+            if task in self._fetching:
                 task.cancel()
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await self.bus.nc.flush(timeout=2)
+        for task in list(self._inflight):
+            task.cancel()
         if self._inflight:
             await asyncio.wait(set(self._inflight), timeout=10)
 
@@ -195,16 +207,20 @@ class PullService(ABC):
         while not self._stopping.is_set():
             if self.max_items is not None and self._taken >= self.max_items:
                 return
+            me = asyncio.current_task()
+            assert me is not None
+            self._fetching.add(me)
             try:
                 msgs = await sub.fetch(1, timeout=self.fetch_timeout)
             except (TimeoutError, nats.errors.TimeoutError, nats.js.errors.FetchTimeoutError):
                 continue
-            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
-                    nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
                 # NATS is restarting or unreachable: wait and fetch again; nothing is lost.
                 log.warning(f"{self.kind}.fetch_failed", error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(1.0)
                 continue
+            finally:
+                self._fetching.discard(me)
             for msg in msgs:
                 if self._stopping.is_set() or (self.max_items is not None and self._taken >= self.max_items):
                     await _quiet(msg.nak())  # fetched as we were stopping: hand it straight back

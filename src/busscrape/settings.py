@@ -8,6 +8,7 @@ environment anywhere else. ``busscrape config`` prints the effective values (sec
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -85,6 +86,8 @@ class StreamSettings(_Section):
     """Safety-net TTL of the ARTIFACTS object store; longer than ``results_max_age``."""
     attempts_ttl: Duration = "14d"
     """How long a task's attempt history is kept."""
+    status_ttl: Duration = "30d"
+    """How long the STATUS bucket remembers what happened to a task."""
     worker_ack_wait: Duration = "60s"
     """Redelivery delay of a task whose worker went silent (workers heartbeat well inside it)."""
     worker_max_deliver: int = Field(5, ge=1)
@@ -95,11 +98,6 @@ class StreamSettings(_Section):
     """Redelivery delay of a result whose ingester went silent."""
     max_msg_size: Size = "1MiB"
     """Largest message accepted by TASKS and RESULTS; page bytes travel in ARTIFACTS."""
-
-    def worker_backoff(self) -> list[float]:
-        """Redelivery delays for tasks whose worker went silent: ack_wait, then doubling."""
-        waits = [self.worker_ack_wait * (2**i) for i in range(max(self.worker_max_deliver - 1, 1))]
-        return waits
 
 
 class DispatchSettings(_Section):
@@ -120,9 +118,12 @@ class DispatchSettings(_Section):
     sort_query: bool = False
     """Sort query parameters so that ``?b=1&a=2`` and ``?a=2&b=1`` are one URL."""
     recrawl_after: Duration = "7d"
-    """A URL dispatched again within this window is skipped as already seen."""
+    """A URL dispatched again within this window is skipped as already seen (1s up to
+    ``streams.recrawl_window``, the longest the SEEN bucket keeps a key)."""
     publish_retries: int = Field(3, ge=0)
     """Retries of a publish that failed or timed out before it is counted as failed."""
+    drain_timeout: Duration = "5s"
+    """On SIGINT/SIGTERM, how long PubAcks still in flight are waited for (the rest: unconfirmed)."""
 
 
 class BrowserSettings(_Section):
@@ -209,6 +210,9 @@ class S3Settings(_Section):
     """Use TLS (https)."""
     ca_file: Path | None = None
     """CA bundle to verify the endpoint's certificate."""
+    part_size: Size = Field("16MiB", ge=5 * 2**20, le=5 * 2**30)
+    """Objects larger than this are uploaded in parts of this size (S3 multipart; 5MiB to 5GiB).
+    Each object being archived holds at most one part in memory."""
 
 
 class ArchiveSettings(_Section):
@@ -231,6 +235,12 @@ class IngesterSettings(_Section):
     """Results archived at once."""
     upload_concurrency: int = Field(8, ge=1, le=64)
     """Objects uploaded at once across all results."""
+    retry_base_delay: Duration = "1s"
+    """First redelivery delay of a result that could not be stored; doubles per delivery, with jitter."""
+    retry_max_delay: Duration = "60s"
+    """Longest redelivery delay while the storage is unreachable."""
+    grace_period: Duration = "30s"
+    """On the first SIGTERM, how long in-flight results may finish before they are handed back."""
     max_results: int | None = None
     """Exit after this many results (bounded runs and tests)."""
     exit_when_idle: Duration | None = None
@@ -257,6 +267,7 @@ class Settings(BaseSettings):
         env_prefix="BUSSCRAPE_",
         env_nested_delimiter="__",
         env_file=".env",
+        env_parse_none_str="none",  # BUSSCRAPE_TELEMETRY__HTTP_PORT=none turns it off
         extra="ignore",
         use_attribute_docstrings=True,
         validate_default=True,
@@ -296,3 +307,22 @@ class Settings(BaseSettings):
         # model_dump keeps SecretStr objects in python mode, so secrets survive the copy.
         return Settings.model_validate(data)
 
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a child process exactly ``settings`` (secrets included).
+
+    Each section travels as one JSON variable (``BUSSCRAPE_WORKER='{"concurrency": 2, …}'``);
+    the rest of the parent's environment is kept, its other ``BUSSCRAPE_*`` variables dropped.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, BaseModel):
+            data = value.model_dump(mode="json")
+            for field_name, field_value in value:
+                if isinstance(field_value, SecretStr):
+                    data[field_name] = field_value.get_secret_value()
+            env[f"BUSSCRAPE_{name.upper()}"] = json.dumps(data)
+        else:
+            env[f"BUSSCRAPE_{name.upper()}"] = str(value)
+    return env

@@ -31,6 +31,7 @@ DEADLETTER_SUBJECTS = f"{PREFIX}.deadletter.>"
 WORKERS_CONSUMER = "workers"
 INGESTERS_CONSUMER = "ingesters"
 REAPER_CONSUMER = "reaper"
+ARCHIVIST_CONSUMER = "archivist"  # on DEADLETTER: the ingester archives every dead letter
 
 # Key-value and object-store buckets
 SEEN_BUCKET = "SEEN"

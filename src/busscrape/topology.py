@@ -48,12 +48,12 @@ _CONSUMER_FIELDS = {f.name for f in dataclasses.fields(api.ConsumerConfig)}
 
 # Names every busscrape service relies on; a definitions folder must declare them.
 REQUIRED = {
-    ("kv", subjects.SEEN_BUCKET), ("kv", subjects.ATTEMPTS_BUCKET),
+    ("kv", subjects.SEEN_BUCKET), ("kv", subjects.ATTEMPTS_BUCKET), ("kv", subjects.STATUS_BUCKET),
     ("object_store", subjects.ARTIFACTS_BUCKET),
     ("stream", subjects.TASKS_STREAM), ("stream", subjects.RESULTS_STREAM),
     ("stream", subjects.DEADLETTER_STREAM), ("stream", subjects.ADVISORIES_STREAM),
     ("consumer", subjects.WORKERS_CONSUMER), ("consumer", subjects.INGESTERS_CONSUMER),
-    ("consumer", subjects.REAPER_CONSUMER),
+    ("consumer", subjects.REAPER_CONSUMER), ("consumer", subjects.ARCHIVIST_CONSUMER),
 }
 
 

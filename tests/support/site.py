@@ -42,8 +42,10 @@ class Site:
     def page(self, path: str, html: str, status: int = 200, headers: dict[str, str] | None = None) -> str:
         """Serve ``html`` at ``path``; returns the URL on the first host."""
 
+        content_type = None if headers and any(k.lower() == "content-type" for k in headers) else "text/html"
+
         async def handler(_: web.Request) -> web.Response:
-            return web.Response(text=html, status=status, content_type="text/html", headers=headers)
+            return web.Response(text=html, status=status, content_type=content_type, headers=headers)
 
         self.routes[path] = handler
         return self.url(path)
@@ -71,10 +73,10 @@ class Site:
     async def _start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
         await self._runner.setup()
         for host in self.hosts:
-            await web.TCPSite(self._runner, host, self.port, shutdown_timeout=0.5).start()
+            await web.TCPSite(self._runner, host, self.port).start()
 
     def stop(self) -> None:
         if self._runner is not None:

@@ -10,5 +10,8 @@ from .app import app, main
 
 # Importing the command modules registers their commands.
 from . import streams as _streams  # noqa: F401  isort: skip
+from . import dispatch as _dispatch  # noqa: F401  isort: skip
+from . import ingester as _ingester  # noqa: F401  isort: skip
+from . import worker as _worker  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -46,6 +47,19 @@ def settings(**sections: dict[str, Any]) -> Settings:
         raise typer.Exit(2) from None
     logs.configure(result.telemetry.log_format, result.telemetry.log_level)
     return result
+
+
+async def serve(service: Any) -> Any:
+    """Run a daemon until it stops: SIGTERM/SIGINT drain it, a second signal stops it now."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stop)
+    try:
+        async with service:
+            return await service.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

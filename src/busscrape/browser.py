@@ -1,0 +1,194 @@
+"""One Chromium per worker process: launched once, relaunched after a crash, recycled when old.
+
+``BrowserPool`` hands out isolated browser contexts (``async with pool.context(...) as ctx``).
+All traffic goes through the worker's egress proxy. The pool watches the browser:
+
+- disconnected (crashed, killed): in-flight contexts fail (their tasks are retried) and the
+  next ``context()`` relaunches it;
+- old: after ``recycle_after_tasks`` contexts, or when Chromium's processes use more than
+  ``recycle_rss``, the pool stops handing out contexts, lets the open ones finish, relaunches;
+- on exit (and on relaunch) every Chromium process it started is gone: it closes the browser
+  and then kills whatever is left of its process tree, so no zombies stay behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+from playwright.async_api import Browser, BrowserContext, Playwright, async_playwright
+from playwright.async_api import Error as PlaywrightError
+
+from .chromium import launch_args, require_chromium
+from .errors import BrowserCrashed
+from .settings import BrowserSettings
+
+log = structlog.get_logger("busscrape.browser")
+
+# V8 heap per tab: a page that allocates without end crashes its own tab quickly instead of
+# eating the host's memory first.
+JS_HEAP_MB = 1024
+
+
+class BrowserPool:
+    """Launches and supervises the worker's Chromium. Async context manager; enter once."""
+
+    def __init__(self, settings: BrowserSettings, *, proxy_url: str | None, recycle_after_tasks: int,
+                 recycle_rss: int) -> None:
+        self.settings = settings
+        self.proxy_url = proxy_url
+        self.recycle_after_tasks = recycle_after_tasks
+        self.recycle_rss = recycle_rss
+        self.binary = require_chromium(settings)
+        self.restarts = 0
+        self.version = ""
+        self._marker = f"--busscrape-pool={uuid.uuid4().hex}"
+        self._pw: Playwright | None = None
+        self._browser: Browser | None = None
+        self._tasks_since_launch = 0
+        self._open = 0
+        self._idle = asyncio.Condition()
+        self._launch_lock = asyncio.Lock()
+        self._recycling = False
+        self._entered = False
+
+    async def __aenter__(self) -> BrowserPool:
+        if self._entered:
+            raise RuntimeError("a BrowserPool can be entered only once")
+        self._entered = True
+        self._pw = await async_playwright().start()
+        await self._launch()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close_browser()
+        if self._pw is not None:
+            with contextlib.suppress(Exception):
+                await self._pw.stop()
+        self._kill_leftovers()
+
+    @property
+    def up(self) -> bool:
+        return self._browser is not None and self._browser.is_connected()
+
+    # -- launching --------------------------------------------------------------------------
+
+    async def _launch(self) -> None:
+        assert self._pw is not None
+        args = launch_args(self.settings, (self._marker, f"--js-flags=--max-old-space-size={JS_HEAP_MB}"))
+        proxy: Any = {"server": self.proxy_url, "bypass": "<-loopback>"} if self.proxy_url else None
+        self._browser = await self._pw.chromium.launch(
+            executable_path=self.binary.path, headless=self.settings.headless, args=args, proxy=proxy,
+            handle_sigint=False, handle_sigterm=False, handle_sighup=False,
+        )
+        self.version = self._browser.version
+        self._tasks_since_launch = 0
+        browser = self._browser
+        browser.on("disconnected", lambda _: None if browser is not self._browser else log.warning(
+            "browser.disconnected", restarts=self.restarts))
+        log.info("browser.launched", version=self.version, source=self.binary.source, restarts=self.restarts)
+
+    async def _close_browser(self) -> None:
+        browser, self._browser = self._browser, None
+        if browser is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(browser.close(), 15)
+        self._kill_leftovers()
+
+    async def _ensure(self) -> Browser:
+        async with self._launch_lock:
+            if self._recycling or not self.up:
+                crashed = not self._recycling and self._browser is not None
+                await self._wait_idle()
+                await self._close_browser()
+                self.restarts += 1
+                if crashed:
+                    log.warning("browser.relaunch_after_crash", restarts=self.restarts)
+                await self._launch()
+                self._recycling = False
+            assert self._browser is not None
+            return self._browser
+
+    async def _wait_idle(self) -> None:
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._open == 0)
+
+    # -- contexts ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def context(self, **options: Any) -> AsyncIterator[BrowserContext]:
+        """A fresh, isolated context (no cookies, storage or cache shared with other tasks)."""
+        browser = await self._ensure()
+        try:
+            ctx = await browser.new_context(accept_downloads=False, service_workers="block", **options)
+        except PlaywrightError as exc:
+            raise BrowserCrashed(f"cannot open a browser context: {exc.message}") from None
+        self._open += 1
+        self._tasks_since_launch += 1
+        try:
+            yield ctx
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ctx.close(), 10)
+            self._open -= 1
+            self._check_age()
+            async with self._idle:
+                self._idle.notify_all()
+
+    def _check_age(self) -> None:
+        if self._recycling:
+            return
+        if self._tasks_since_launch >= self.recycle_after_tasks:
+            self._recycling = True
+            log.info("browser.recycle", reason="tasks", tasks=self._tasks_since_launch)
+        elif self._tasks_since_launch % 25 == 0 and (rss := self.rss()) > self.recycle_rss:
+            self._recycling = True
+            log.info("browser.recycle", reason="memory", rss=rss, limit=self.recycle_rss)
+
+    # -- processes --------------------------------------------------------------------------
+
+    def pids(self) -> list[int]:
+        """Every process of this pool's Chromium: the browser (found by its marker) and descendants."""
+        children: dict[int, list[int]] = {}
+        roots = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+                if self._marker.encode() in (entry / "cmdline").read_bytes():
+                    roots.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        found, stack = [], list(roots)
+        while stack:
+            pid = stack.pop()
+            if pid not in found:
+                found.append(pid)
+                stack.extend(children.get(pid, []))
+        return found
+
+    def rss(self) -> int:
+        """Proportional memory of Chromium's processes in bytes (PSS: shared pages counted once)."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        return total
+
+    def _kill_leftovers(self) -> None:
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

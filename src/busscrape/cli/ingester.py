@@ -1,0 +1,55 @@
+"""``busscrape ingester``: archive results (and dead letters) until stopped."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import structlog
+import typer
+
+from ..bus import Bus
+from ..errors import EXIT_OK, EXIT_PARTIAL
+from ..ingester import Ingester
+from ..settings import Settings
+from ..storage import open_storage
+from .app import app, run, serve, settings
+
+log = structlog.get_logger("busscrape.cli")
+
+
+@app.command("ingester")
+def ingester_cmd(
+    concurrency: int | None = typer.Option(None, "--concurrency", min=1,
+                                           help="Results archived at once (default: BUSSCRAPE_INGESTER__CONCURRENCY)."),
+    max_results: int | None = typer.Option(None, "--max-results", min=1, help="Exit after this many results."),
+    exit_when_idle: str | None = typer.Option(None, "--exit-when-idle", metavar="SECONDS",
+                                              help="Exit when no result arrived for this long (30, 30s, 5m)."),
+    archive: str | None = typer.Option(None, "--archive", metavar="DIR",
+                                       help="Archive into this local folder (or file:// URL), even when S3 is set."),
+    nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
+) -> None:
+    """Archive every result from RESULTS into S3 (or a local folder), and every dead letter.
+
+    Runs until SIGTERM/SIGINT: the first drains (in-flight results finish within the grace
+    period), the second stops now. Exit code 1 when a result was dead-lettered in a bounded run.
+    """
+    s = settings(nats={"url": nats_url}, archive={"dir": _folder(archive)},
+                 ingester={"concurrency": concurrency, "max_results": max_results, "exit_when_idle": exit_when_idle})
+    counters = run(ingest(s, archive_dir=_folder(archive)))
+    log.info("ingester.summary", **dict(sorted(counters.items())))
+    bounded = max_results is not None or exit_when_idle is not None
+    gave_up = counters["dead_lettered"] + counters["malformed"]
+    raise typer.Exit(EXIT_PARTIAL if bounded and gave_up else EXIT_OK)
+
+
+def _folder(archive: str | None) -> Path | None:
+    return Path(archive.removeprefix("file://")) if archive else None
+
+
+async def ingest(s: Settings, *, archive_dir: Path | None = None) -> Counter[str]:
+    """Connect, open the storage (checked and created at start), run an ingester until it stops."""
+    storage = open_storage(s, archive_dir)
+    async with await Bus.connect(s, name=f"busscrape-ingester-{s.ingester.name}") as bus, storage:
+        log.info("ingester.archive", storage=storage.url, prefix=s.archive.prefix, compress=s.archive.compress)
+        return await serve(Ingester(bus, storage, s))

@@ -1,0 +1,39 @@
+"""``busscrape worker``."""
+
+from __future__ import annotations
+
+import typer
+
+from .. import streams as admin
+from .. import topology
+from ..bus import Bus
+from ..units import parse_duration
+from ..worker import Worker
+from .app import app, run, serve, settings
+
+
+@app.command("worker")
+def worker_cmd(
+    concurrency: int | None = typer.Option(None, "--concurrency", "-c", help="Pages rendering at once."),
+    max_tasks: int | None = typer.Option(None, "--max-tasks", help="Exit after this many tasks."),
+    exit_when_idle: str | None = typer.Option(None, "--exit-when-idle", metavar="DURATION",
+                                              help="Exit after this long without a task (e.g. 30s)."),
+    allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
+                                    help="Open a non-public address to pages (repeatable; adds to "
+                                         "BUSSCRAPE_NETWORK__ALLOW)."),
+    nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL."),
+) -> None:
+    """Render tasks from TASKS until stopped (SIGTERM drains, a second one exits now)."""
+    idle = parse_duration(exit_when_idle) if exit_when_idle else None
+    base = settings()
+    s = settings(worker={"concurrency": concurrency, "max_tasks": max_tasks, "exit_when_idle": idle},
+                 nats={"url": nats_url}, network={"allow": [*base.network.allow, *allow]})
+
+    async def go() -> None:
+        async with await Bus.connect(s, name=f"busscrape-worker-{s.worker.name}") as bus:
+            await admin.require(bus.js, topology.load(s), {
+                ("stream", "TASKS"), ("consumer", "workers"), ("stream", "RESULTS"), ("stream", "DEADLETTER"),
+                ("object_store", "ARTIFACTS"), ("kv", "ATTEMPTS"), ("consumer", "reaper")})
+            await serve(Worker(bus, s))
+
+    run(go())

@@ -1,0 +1,260 @@
+"""``busscrape worker``: renders tasks from TASKS and publishes results to RESULTS.
+
+Per task: decode (poison -> DEADLETTER), policy check, per-host politeness, render in a fresh
+browser context, artifacts into the ARTIFACTS object store, the result (claim checks only) to
+RESULTS with ``Nats-Msg-Id = result-<task_id>-<task_seq>``, wait for the PubAck, and only then
+``ack_sync()`` the task. So a worker killed at any point leaves either no result (the task is
+redelivered) or exactly one (a redelivered attempt's publish is a duplicate; it then drops its
+own artifacts and acks).
+
+Failures follow the error tree: retryable ones are recorded in ATTEMPTS and nak'ed with
+exponential backoff and jitter (honouring Retry-After); on the last allowed delivery, and for
+permanent errors at once, the task goes to DEADLETTER with its whole attempt history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from contextlib import AsyncExitStack
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.msg import Msg
+
+from . import deadletters, subjects, tracing
+from .artifacts import ArtifactStore, object_name
+from .attempts import AttemptLog
+from .browser import BrowserPool
+from .bus import Bus
+from .egress import EgressProxy
+from .errors import (
+    BusscrapeError,
+    InvalidTask,
+    MessageDecodeError,
+    NavigationTimeout,
+    PermanentError,
+    RetryableError,
+    StorageUnavailable,
+)
+from .messages import ArtifactRef, AttemptRecord, DeadLetter, ScrapeResult, ScrapeTask, decode, encode, utcnow
+from .netpolicy import NetworkPolicy
+from .politeness import HostGate
+from .reaper import Reaper
+from .render import Renderer
+from .service import PullService
+from .settings import Settings
+from .steps import Evaluate
+from .taskstatus import StatusBoard, TaskStatus
+
+log = structlog.get_logger("busscrape.worker")
+
+
+class Worker(PullService):
+    kind = "worker"
+    stream = subjects.TASKS_STREAM
+    durable = subjects.WORKERS_CONSUMER
+
+    def __init__(self, bus: Bus, settings: Settings) -> None:
+        w = settings.worker
+        super().__init__(bus, concurrency=w.concurrency, max_items=w.max_tasks, exit_when_idle=w.exit_when_idle,
+                         grace_period=w.grace_period)
+        self.settings = settings
+        self.policy = NetworkPolicy.from_settings(settings.network.allow)
+        self.gate = HostGate(w.host_concurrency, w.host_delay)
+        self.attempts = AttemptLog(bus.js)
+        self.artifacts = ArtifactStore(bus.js)
+        self.board = StatusBoard(bus.js)
+        self.max_deliver = settings.streams.worker_max_deliver
+        self.pool: BrowserPool | None = None
+        self.renderer: Renderer | None = None
+        self._stack = AsyncExitStack()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        egress = await self._stack.enter_async_context(EgressProxy(self.policy))
+        w = self.settings.worker
+        self.pool = await self._stack.enter_async_context(
+            BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
+                        recycle_rss=w.recycle_rss))
+        self.renderer = Renderer(self.pool, self.policy, egress, w, self.gate)
+
+    async def teardown(self) -> None:
+        await self._stack.aclose()
+
+    async def background(self) -> list[asyncio.Task[Any]]:
+        info = await self.bus.js.consumer_info(self.stream, self.durable)
+        self.max_deliver = info.config.max_deliver or -1
+        if not self.settings.worker.reaper:
+            return []
+        reaper = Reaper(self.bus, self.attempts)
+        return [asyncio.create_task(reaper.run(self._stopping), name="reaper")]
+
+    # -- one task ---------------------------------------------------------------------------
+
+    async def handle(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        if headers.get("KV-Operation") in ("DEL", "PURGE"):
+            # A delete marker from the SEEN bucket, sourced into TASKS: not work.
+            self.counters["skipped"] += 1
+            await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+            return
+        seq = msg.metadata.sequence.stream
+        attempt = msg.metadata.num_delivered
+        try:
+            task = decode(ScrapeTask, msg.data)
+        except MessageDecodeError as exc:
+            await self._poison(msg, exc)
+            return
+        with structlog.contextvars.bound_contextvars(task_id=task.task_id, url=task.url, attempt=attempt,
+                                                     trace_id=tracing.trace_id_of(headers)):
+            await self._status(task, "running", attempt=attempt)
+            try:
+                self._validate(task)
+                result = await self._render(task, seq, attempt)
+                await self._publish(task, result, headers)
+                await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+            except RetryableError as exc:
+                await self._failed(msg, task, seq, attempt, exc)
+                return
+            except PermanentError as exc:
+                await self._dead(msg, task, seq, attempt, exc)
+                return
+            self.counters["completed"] += 1
+            log.info("task.done", status=result.status, ms=result.timings.get("total"))
+            await self._status(task, "rendered", attempt=attempt, status=result.status)
+            if attempt > 1:
+                await self.attempts.clear(task.task_id, seq)
+
+    def _validate(self, task: ScrapeTask) -> None:
+        if len(task.steps) > self.settings.worker.max_steps:
+            raise InvalidTask(f"{len(task.steps)} steps, over max_steps {self.settings.worker.max_steps}",
+                              reason="too_many_steps")
+        if not self.settings.worker.allow_evaluate and any(isinstance(s, Evaluate) for s in task.steps):
+            raise InvalidTask("the evaluate step is disabled on this worker (BUSSCRAPE_WORKER__ALLOW_EVALUATE)",
+                              reason="evaluate_disabled")
+
+    async def _render(self, task: ScrapeTask, seq: int, attempt: int) -> ScrapeResult:
+        assert self.renderer is not None
+        scraped_at = utcnow()
+        host = urlsplit(task.url).hostname or ""
+        try:
+            async with asyncio.timeout(self.settings.worker.task_timeout):
+                async with self.gate.enter(host):
+                    rendered = await self.renderer.render(task)
+        except TimeoutError:
+            raise NavigationTimeout(f"task took longer than task_timeout {self.settings.worker.task_timeout:.0f}s",
+                                    reason="task_timeout") from None
+        refs: list[ArtifactRef] = []
+        try:
+            for capture in rendered.captures:
+                name = object_name(task.task_id, seq, attempt, capture.file)
+                refs.append(await self.artifacts.put(name, capture.data, capture.content_type, kind=capture.kind,
+                                                     file=capture.file))
+        except StorageUnavailable:
+            await self._drop(refs)
+            raise
+        return ScrapeResult(
+            task_id=task.task_id, task_seq=seq, url=task.url, original_url=task.original_url,
+            final_url=rendered.final_url, status=rendered.status, redirect_chain=rendered.redirect_chain,
+            response_headers=rendered.response_headers, title=rendered.title, timings=rendered.timings,
+            artifacts=tuple(refs), labels=task.labels, worker=self.settings.worker.name, attempt=attempt,
+            scraped_at=scraped_at, blocked_requests=tuple(rendered.blocked_requests),
+            dispatched_at=task.dispatched_at,
+        )
+
+    async def _publish(self, task: ScrapeTask, result: ScrapeResult, headers: dict[str, str]) -> None:
+        out = {subjects.MSG_ID: f"result-{task.task_id}-{result.task_seq}"}
+        if subjects.TRACEPARENT in headers:
+            out[subjects.TRACEPARENT] = headers[subjects.TRACEPARENT]
+        try:
+            ack = await self.bus.js.publish(subjects.result_subject(task.task_id), encode(result),
+                                            stream=subjects.RESULTS_STREAM, headers=out,
+                                            timeout=self.settings.nats.request_timeout)
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+            await self._drop(result.artifacts)
+            raise StorageUnavailable(f"RESULTS did not take the result: {exc!r}",
+                                     reason="results_unavailable") from None
+        if ack.duplicate:
+            # An earlier delivery of this task already published its result (and was killed
+            # before its ack): that result stands; these artifacts would be orphans.
+            self.counters["duplicate_results"] += 1
+            await self._drop(result.artifacts)
+
+    async def _drop(self, refs: tuple[ArtifactRef, ...] | list[ArtifactRef]) -> None:
+        for ref in refs:
+            try:
+                await self.artifacts.delete(ref.object)
+            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+                pass  # the bucket's TTL collects it
+
+    # -- failure paths ----------------------------------------------------------------------
+
+    def _record(self, attempt: int, exc: BusscrapeError) -> AttemptRecord:
+        status = None
+        if exc.reason.startswith("http_") and exc.reason[5:].isdigit():
+            status = int(exc.reason[5:])
+        return AttemptRecord(attempt=attempt, worker=self.settings.worker.name, at=utcnow(), reason=exc.reason,
+                             error=str(exc)[:2000], retryable=isinstance(exc, RetryableError), status=status)
+
+    async def _failed(self, msg: Msg, task: ScrapeTask, seq: int, attempt: int, exc: RetryableError) -> None:
+        history = await self.attempts.record(task.task_id, seq, self._record(attempt, exc))
+        if 0 < self.max_deliver <= attempt:
+            await self._file(msg, task, seq, history, exc, last=True)
+            return
+        delay = self.retry_delay(attempt, exc.retry_after)
+        self.counters["retried"] += 1
+        await self._status(task, "retrying", attempt=attempt, reason=exc.reason, error=str(exc)[:500])
+        log.warning("task.retry", reason=exc.reason, error=str(exc)[:300], delay=round(delay, 2))
+        await msg.nak(delay=delay)
+
+    async def _dead(self, msg: Msg, task: ScrapeTask, seq: int, attempt: int, exc: PermanentError) -> None:
+        history = await self.attempts.record(task.task_id, seq, self._record(attempt, exc))
+        await self._file(msg, task, seq, history, exc, last=False)
+
+    async def _file(self, msg: Msg, task: ScrapeTask, seq: int, history: tuple[AttemptRecord, ...],
+                    exc: BusscrapeError, *, last: bool) -> None:
+        error = str(exc) if not last else f"gave up after {len(history)} attempts; last: {exc}"
+        letter = DeadLetter(task_id=task.task_id, stage="worker", reason=exc.reason, error=error[:4000],
+                            url=task.url, host=deadletters.host_of(task.url), attempts=history, task=task,
+                            source=deadletters.source_of(msg))
+        try:
+            await deadletters.file(self.bus.js, letter, msg_id=deadletters.task_letter_id(task.task_id, seq))
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as err:
+            # Not filed, so not removed: try again later.
+            log.warning("deadletter.unavailable", error=repr(err))
+            await msg.nak(delay=self.retry_delay(1, None))
+            return
+        await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+        await self.attempts.clear(task.task_id, seq)
+        self.counters["dead"] += 1
+        await self._status(task, "dead", attempt=len(history), reason=exc.reason, error=error[:500])
+
+    async def _poison(self, msg: Msg, exc: MessageDecodeError) -> None:
+        letter = deadletters.poison("worker", msg, exc)
+        seq = msg.metadata.sequence.stream
+        try:
+            await deadletters.file(self.bus.js, letter, msg_id=deadletters.poison_letter_id(self.stream, seq))
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+            await msg.nak(delay=self.retry_delay(1, None))
+            return
+        await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+        self.counters["poison"] += 1
+
+    async def _status(self, task: ScrapeTask, state: str, **fields: Any) -> None:
+        await self.board.record(TaskStatus(task_id=task.task_id, state=state, url=task.url,  # type: ignore[arg-type]
+                                           dispatched_at=task.dispatched_at, worker=self.settings.worker.name,
+                                           **fields))
+
+    def retry_delay(self, attempt: int, retry_after: float | None) -> float:
+        """Exponential backoff with jitter, at least what Retry-After asked, capped."""
+        w = self.settings.worker
+        delay = min(w.retry_base_delay * 2 ** max(attempt - 1, 0), w.retry_max_delay)
+        delay *= random.uniform(0.5, 1.0)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, w.retry_max_delay))
+        return delay

@@ -1,0 +1,57 @@
+"""Putting tasks on a real bus and reading what came out, the way the services do it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.js import JetStreamContext
+
+from busscrape import subjects
+from busscrape.messages import DeadLetter, ScrapeResult, ScrapeTask, TaskOptions, decode, encode, task_key
+
+
+async def enqueue(js: JetStreamContext, url: str, *, steps: tuple = (), options: TaskOptions | None = None,
+                  labels: dict[str, str] | None = None) -> ScrapeTask:
+    """Queue one task exactly as the dispatcher does: an atomic create in SEEN, sourced into TASKS."""
+    options = options or TaskOptions()
+    task = ScrapeTask(task_id=task_key(url, steps, options), url=url, original_url=url, steps=steps,
+                      options=options, labels=labels or {})
+    # No Nats-Msg-Id: TASKS would de-duplicate a later re-queue of the same task id by it.
+    await js.publish(subjects.seen_key_subject(task.task_id), encode(task),
+                     headers={subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"})
+    return task
+
+
+async def stream_messages(js: JetStreamContext, stream: str) -> list:
+    info = await js.stream_info(stream)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            out.append(await js.get_msg(stream, seq))
+        except Exception:
+            continue
+    return out
+
+
+async def results(js: JetStreamContext) -> list[ScrapeResult]:
+    return [decode(ScrapeResult, m.data) for m in await stream_messages(js, subjects.RESULTS_STREAM)]
+
+
+async def dead_letters(js: JetStreamContext) -> list[DeadLetter]:
+    return [decode(DeadLetter, m.data) for m in await stream_messages(js, subjects.DEADLETTER_STREAM)]
+
+
+async def count(js: JetStreamContext, stream: str) -> int:
+    return (await js.stream_info(stream)).state.messages
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 60, every: float = 0.2) -> None:
+    """Poll ``check`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(every)
+    raise AssertionError(f"condition not met within {timeout}s")

@@ -1,0 +1,56 @@
+"""Running busscrape commands as real child processes (for kill -9 and signal tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from busscrape.settings import Settings
+
+
+def env_for(settings: Settings, **extra: str) -> dict[str, str]:
+    """The BUSSCRAPE_* environment that reproduces the important parts of ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
+    env.update({
+        "BUSSCRAPE_STATE_DIR": str(settings.state_dir),
+        "BUSSCRAPE_NATS__URL": settings.nats.url or "",
+        "BUSSCRAPE_NETWORK__ALLOW": json.dumps(settings.network.allow),
+        "BUSSCRAPE_TELEMETRY__HTTP_PORT": "none",
+        "BUSSCRAPE_TELEMETRY__LOG_FORMAT": "json",
+    })
+    env.update(extra)
+    return env
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``python -m busscrape ARGS`` in its own process group, output to ``log``."""
+    out = open(log, "ab")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "busscrape", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        out.close()
+
+
+def kill9(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process alone (not its group): a crash, not a tidy shutdown."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+
+def chromium_processes() -> list[int]:
+    """PIDs of every running Chromium browser process started by a busscrape BrowserPool."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"--busscrape-pool=" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
