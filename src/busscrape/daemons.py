@@ -94,7 +94,8 @@ class Daemons:
         return [f"{d.name} (see {d.log_path})" for d in self.daemons if d.process is None]
 
     async def stop(self, grace: float | None = None) -> None:
-        """SIGTERM every daemon, wait for them to drain, SIGKILL what is left."""
+        """SIGTERM every daemon and let them drain for ``grace``; a second SIGTERM then hands
+        their in-flight work back at once; SIGKILL what is still there after that."""
         if self._stopping:
             return
         self._stopping = True
@@ -105,13 +106,22 @@ class Daemons:
         running = [d.process for d in self.daemons if d.process and d.process.poll() is None]
         for proc in running:
             proc.send_signal(signal.SIGTERM)
-        grace = grace if grace is not None else self.settings.worker.grace_period + 10
-        deadline = asyncio.get_running_loop().time() + grace
+        grace = grace if grace is not None else self.settings.worker.grace_period
+        await _wait_all(running, grace)
         for proc in running:
-            remaining = max(deadline - asyncio.get_running_loop().time(), 0.1)
-            try:
-                await asyncio.to_thread(proc.wait, remaining)
-            except subprocess.TimeoutExpired:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        await _wait_all(running, 15)
+        for proc in running:
+            if proc.poll() is None:
                 proc.kill()
-                await asyncio.to_thread(proc.wait)
+        await _wait_all(running, 10)
         log.info("daemons.stopped", count=len(running))
+
+
+async def _wait_all(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    for proc in procs:
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.05)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(proc.wait, remaining)

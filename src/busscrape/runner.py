@@ -55,6 +55,8 @@ class RunSummary:
     archive: str
     interrupted: bool = False
     failed_daemons: list[str] = field(default_factory=list)
+    locations: list[str] = field(default_factory=list)
+    """Where each archived task of this run is (folder URIs)."""
 
     @property
     def archived(self) -> int:
@@ -123,14 +125,16 @@ class Runner:
             summary = await self._dispatch(bus, settings, tracker)
             await self._wait(tracker, summary, started)
             if daemons is not None:
-                # Ctrl-C twice: no grace. Otherwise the daemons drain (they are idle when all is done).
-                await daemons.stop(grace=0.5 if self._stops > 1 else None)
+                # Done: the daemons are idle and exit at once. Interrupted: a few seconds for
+                # renders about to finish, then in-flight tasks go back to the queue.
+                await daemons.stop(grace=(0.5 if self._stops > 1 else 5.0) if self._stop.is_set() else 10.0)
             counts = tracker.counts()
             reasons = Counter(s.reason or "unknown" for s in tracker.final.values() if s.state == "dead")
             return RunSummary(dispatch=summary, tasks=len(tracker.expected), outcomes=counts, dead_reasons=reasons,
                               seconds=time.monotonic() - started, archive=self.archive_location(),
                               interrupted=self._stop.is_set(),
-                              failed_daemons=daemons.failed() if daemons else [])
+                              failed_daemons=daemons.failed() if daemons else [],
+                              locations=sorted(s.archive for s in tracker.final.values() if s.archive))
 
     async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
         since = utcnow()

@@ -13,5 +13,7 @@ from . import streams as _streams  # noqa: F401  isort: skip
 from . import dispatch as _dispatch  # noqa: F401  isort: skip
 from . import ingester as _ingester  # noqa: F401  isort: skip
 from . import worker as _worker  # noqa: F401  isort: skip
+from . import run as _run  # noqa: F401  isort: skip
+from . import demo as _demo  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]

@@ -8,25 +8,20 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 import orjson
 import typer
-from pydantic import TypeAdapter, ValidationError
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .. import logs
 from ..bus import Bus
 from ..dispatcher import Dispatcher, DispatchSummary
-from ..errors import EXIT_CONFIG
 from ..inputs import Rejection, TaskDefaults
-from ..messages import TaskOptions, describe_validation_error
 from ..settings import Settings
-from ..steps import Step
+from . import options
 from .app import app, err, out, run, settings
-
-_STEPS = TypeAdapter(tuple[Step, ...])
 
 HELP = """Validate, normalise and de-duplicate every URL in INPUT, and queue one task per new URL.
 
@@ -74,19 +69,15 @@ def dispatch_cmd(
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
 ) -> None:
     if fmt not in ("auto", "urls", "jsonl"):
-        _usage(f"--format must be auto, urls or jsonl, not {fmt!r}")
+        options.usage(f"--format must be auto, urls or jsonl, not {fmt!r}")
     s = settings(nats={"url": nats_url}, dispatch={
         "recrawl_after": recrawl_after, "strip_tracking": strip_tracking, "sort_query": sort_query,
         "max_url_length": max_url_length, "window": window,
     })
-    defaults = TaskDefaults(
-        steps=_parse_steps(steps) if steps else (),
-        options=_options(artifacts=_csv(artifacts), screenshot=_screenshot(screenshot_format, jpeg_quality, full_page),
-                         har_content=har_content, wait_until=wait_until, navigation_timeout=timeout,
-                         viewport=_viewport(viewport), block_resources=_csv(block), user_agent=user_agent,
-                         headers=_pairs(header, ":", "--header") or None),
-        labels=_pairs(label, "=", "--label"),
-    )
+    defaults = options.task_defaults(
+        steps=steps, artifacts=artifacts, label=label, screenshot_format=screenshot_format, jpeg_quality=jpeg_quality,
+        full_page=full_page, har_content=har_content, wait_until=wait_until, timeout=timeout, viewport=viewport,
+        block=block, user_agent=user_agent, header=header)
     show_progress = err.is_terminal if progress is None else progress
     with _rejects_file(rejects) as rejects_out:
         summary = run(_dispatch(s, defaults, source, fmt, force, rejects_out, show_progress))
@@ -182,62 +173,6 @@ def _rejects_file(path: Path | None) -> Iterator[IO[bytes] | None]:
     try:
         handle = open(path, "wb")  # closed by the with below
     except OSError as exc:
-        _usage(f"--rejects {path}: {exc.strerror or exc}")
+        options.usage(f"--rejects {path}: {exc.strerror or exc}")
     with handle:
         yield handle
-
-
-# -- option parsing -----------------------------------------------------------------------------
-
-
-def _usage(message: str) -> NoReturn:
-    err.print(f"[red]error:[/] {message}")
-    raise typer.Exit(EXIT_CONFIG)
-
-
-def _csv(value: str | None) -> list[str] | None:
-    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
-
-
-def _pairs(values: list[str], sep: str, flag: str) -> dict[str, str]:
-    pairs = {}
-    for value in values:
-        key, found, rest = value.partition(sep)
-        if not found or not key.strip():
-            _usage(f"{flag} {value!r}: write KEY{sep}VALUE")
-        pairs[key.strip()] = rest.strip()
-    return pairs
-
-
-def _viewport(value: str | None) -> dict[str, str] | None:
-    if value is None:
-        return None
-    width, found, height = value.lower().partition("x")
-    if not found:
-        _usage(f"--viewport {value!r}: write WIDTHxHEIGHT, e.g. 1280x800")
-    return {"width": width, "height": height}
-
-
-def _screenshot(fmt: str | None, quality: int | None, full_page: bool | None) -> dict[str, Any] | None:
-    given = {"format": fmt, "quality": quality, "full_page": full_page}
-    return {k: v for k, v in given.items() if v is not None} or None
-
-
-def _options(**given: Any) -> TaskOptions:
-    try:
-        return TaskOptions.model_validate({k: v for k, v in given.items() if v is not None})
-    except ValidationError as exc:
-        _usage(f"invalid task options: {describe_validation_error(exc)}")
-
-
-def _parse_steps(value: str) -> tuple[Step, ...]:
-    text = value
-    if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text()
-        except OSError as exc:
-            _usage(f"--steps {value}: {exc.strerror or exc}")
-    try:
-        return _STEPS.validate_json(text)
-    except ValidationError as exc:
-        _usage(f"--steps: {describe_validation_error(exc)}")

@@ -1,0 +1,94 @@
+"""``busscrape demo``: the bundled demo site, scraped end to end on the embedded default."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import typer
+from rich.syntax import Syntax
+from rich.tree import Tree
+
+from ..demo_site import DEMO_PATHS, DemoSite
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
+from ..runner import RunOptions, RunSummary
+from .app import app, err, out, run, settings
+from .run import execute, how_to_look, quiet_logs, summary_table
+
+EXPECTED_DEAD = {"/missing.html": "http_404"}
+
+
+@app.command("demo")
+def demo_cmd(
+    workers: int = typer.Option(1, "--workers", "-w", help="Worker processes."),
+    archive: Path | None = typer.Option(None, "--archive", help="Archive folder (default .busscrape/archive)."),
+) -> None:
+    """Serve a small demo site on loopback and run the whole pipeline on it, offline.
+
+    Starts an embedded nats-server, a worker and an ingester; scrapes seven pages (static,
+    JavaScript-rendered, slow, images, a redirect, an index and a broken link); ends with the
+    archive tree and one meta.json. The broken link is dead-lettered with its reason, as it should.
+    """
+    s = settings(archive={"dir": archive}, telemetry={"log_level": quiet_logs()})
+    if s.nats.url:
+        err.print("[yellow]note:[/] busscrape demo always uses its own embedded nats-server; "
+                  "ignoring BUSSCRAPE_NATS__URL")
+    summary, origin = run(_demo(s.with_overrides(nats={"url": None}), workers))
+    out.print(summary_table(summary))
+    out.print(_tree(summary, origin))
+    meta = _one_meta(summary, origin)
+    if meta is not None:
+        out.print(f"\n[bold]{meta}[/]")
+        out.print(Syntax(json.dumps(json.loads(meta.read_text()), indent=2), "json", word_wrap=True))
+    out.print(how_to_look(summary), soft_wrap=True)
+    raise typer.Exit(_verdict(summary))
+
+
+async def _demo(s, workers: int) -> tuple[RunSummary, str]:  # type: ignore[no-untyped-def]
+    async with DemoSite() as site:
+        # Open exactly the demo's origin to the browser: everything else stays refused.
+        s = s.model_copy(update={"nats": s.nats.model_copy(update={"url": None}),
+                                 "network": s.network.model_copy(update={"allow": [site.origin]})})
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="busscrape-demo-", delete=False) as f:
+            f.write("\n".join(site.urls()) + "\n")
+        try:
+            summary = await execute(s, RunOptions(source=f.name, workers=workers))
+        finally:
+            Path(f.name).unlink(missing_ok=True)
+        return summary, site.origin
+
+
+def _folders(summary: RunSummary, origin: str) -> list[Path]:
+    """This run's folders (earlier demos archived other ports' pages beside them)."""
+    return [Path(loc.removeprefix("file://")) for loc in summary.locations if loc.startswith("file://")]
+
+
+def _tree(summary: RunSummary, origin: str) -> Tree:
+    root = Path(summary.archive)
+    tree = Tree(f"[bold]{root}[/]")
+    for folder in _folders(summary, origin):
+        branch = tree.add(str(folder.relative_to(root)))
+        for file in sorted(folder.iterdir()):
+            branch.add(f"{file.name}  [dim]{file.stat().st_size:,} bytes[/]")
+    dead = sorted(root.glob("deadletter/dt=*/*.json"))[-3:]
+    for letter in dead:
+        tree.add(f"[red]{letter.relative_to(root)}[/]")
+    return tree
+
+
+def _one_meta(summary: RunSummary, origin: str) -> Path | None:
+    metas = [f / "meta.json" for f in _folders(summary, origin) if (f / "meta.json").exists()]
+    return max(metas, key=lambda p: p.stat().st_mtime) if metas else None
+
+
+def _verdict(summary: RunSummary) -> int:
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    expected_archived = len(DEMO_PATHS) - len(EXPECTED_DEAD)
+    if summary.archived == expected_archived and dict(summary.dead_reasons) == {"http_404": 1}:
+        out.print(f"[green]demo ok:[/] {expected_archived} pages archived, the broken link dead-lettered (http_404)")
+        return EXIT_OK
+    err.print(f"[red]demo incomplete:[/] {summary.archived} archived, dead: {dict(summary.dead_reasons)}; "
+              f"expected {expected_archived} archived and one http_404")
+    return EXIT_PARTIAL

@@ -1,0 +1,173 @@
+"""``busscrape run INPUT`` (and the display shared with ``busscrape demo``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import typer
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ..dispatcher import DispatchSummary
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
+from ..runner import Runner, RunOptions, RunSummary
+from ..settings import Settings
+from . import options
+from .app import app, err, out, run, settings
+
+HELP = """Run the whole pipeline on INPUT and wait until every task is archived or dead-lettered.
+
+Without BUSSCRAPE_NATS__URL it starts an embedded nats-server (data in BUSSCRAPE_STATE_DIR,
+default .busscrape/), applies the streams, starts worker processes and an ingester, dispatches
+INPUT, shows progress and prints a summary with where the archive is. With a NATS URL it only
+dispatches and waits (the daemons run elsewhere) unless --with-daemons is given. Ctrl-C stops
+cleanly (tasks in flight go back to the queue); running the same command again resumes.
+Exit codes: 0 every task archived or dead-lettered; 1 some input rejected under --strict, some
+publishes failed, or tasks left unfinished; 2 configuration; 130 interrupted.
+"""
+
+
+@app.command("run", help=HELP)
+def run_cmd(
+    source: str = typer.Argument(..., metavar="INPUT", help="URL list, .jsonl task specs, or - for stdin."),
+    workers: int | None = typer.Option(None, "--workers", "-w", help="Worker processes (default: cores / 2)."),
+    concurrency: int | None = typer.Option(None, "--concurrency", "-c", help="Pages at once per worker."),
+    archive: Path | None = typer.Option(None, "--archive", help="Archive folder (when no S3 endpoint is set)."),
+    with_daemons: bool = typer.Option(False, "--with-daemons", help="With a NATS URL: run local daemons too."),
+    allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
+                                    help="Open a non-public address to pages (repeatable)."),
+    steps: str | None = typer.Option(None, "--steps", help="JSON array of steps for every task, or @FILE."),
+    artifacts: str | None = typer.Option(None, "--artifacts", help="Comma list of html,screenshot,har,text."),
+    label: list[str] = typer.Option([], "--label", metavar="K=V", help="A label on every task. Repeatable."),
+    screenshot_format: str | None = typer.Option(None, "--screenshot-format", help="png or jpeg."),
+    full_page: bool | None = typer.Option(None, "--full-page/--no-full-page", help="Whole-page screenshot."),
+    har_content: str | None = typer.Option(None, "--har-content", help="omit or embed response bodies."),
+    timeout: str | None = typer.Option(None, "--timeout", help="Navigation timeout of every task (30s, 1m)."),
+    recrawl_after: str | None = typer.Option(None, "--recrawl-after", help="Skip URLs dispatched within this."),
+    force: bool = typer.Option(False, "--force", help="Queue every URL even if seen within --recrawl-after."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 if any input line was rejected."),
+    nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
+) -> None:
+    base = settings()
+    s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
+                 archive={"dir": archive}, dispatch={"recrawl_after": recrawl_after},
+                 network={"allow": [*base.network.allow, *allow]})
+    defaults = options.task_defaults(steps=steps, artifacts=artifacts, label=label,
+                                     screenshot_format=screenshot_format, full_page=full_page,
+                                     har_content=har_content, timeout=timeout)
+    opts = RunOptions(source=source, defaults=defaults, force=force, with_daemons=with_daemons)
+    if workers:
+        opts.workers = workers
+    summary = run(execute(s, opts))
+    out.print(summary_table(summary))
+    out.print(how_to_look(summary), soft_wrap=True)
+    raise typer.Exit(exit_code(summary, strict))
+
+
+def quiet_logs() -> str | None:
+    """Warnings only from the run itself (the daemons log to their files), unless asked otherwise."""
+    return None if os.environ.get("BUSSCRAPE_TELEMETRY__LOG_LEVEL") else "warning"
+
+
+async def execute(s: Settings, opts: RunOptions) -> RunSummary:
+    """Run with live progress and Ctrl-C handling (first: stop cleanly, second: at once)."""
+    display = ProgressDisplay()
+    runner = Runner(s, opts, progress=display.update)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runner.stop)
+    try:
+        with display:
+            return await runner.run()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+class ProgressDisplay:
+    """One live line on a terminal; otherwise a plain line every few seconds."""
+
+    def __init__(self) -> None:
+        self.live = Live(Text("starting…"), console=err, refresh_per_second=4, transient=False) \
+            if err.is_terminal else None
+        self._last_print = 0.0
+        self._archived: list[tuple[float, int]] = []
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def update(self, counts: Counter[str], dispatch: DispatchSummary | None, elapsed: float) -> None:
+        now = time.monotonic()
+        archived = counts.get("archived", 0)
+        self._archived = [(t, n) for t, n in self._archived if now - t <= 10] + [(now, archived)]
+        first_t, first_n = self._archived[0]
+        rate = (archived - first_n) / (now - first_t) if now > first_t else 0.0
+        dispatched = (dispatch.published + dispatch.already_seen) if dispatch else 0
+        line = (f"dispatched {dispatched:,} · queued {counts.get('queued', 0):,} · rendering "
+                f"{counts.get('running', 0) + counts.get('retrying', 0):,} · results {counts.get('rendered', 0):,} · "
+                f"archived {archived:,} · dead {counts.get('dead', 0):,} · {rate:.1f} pages/s · {elapsed:.0f}s")
+        if self.live:
+            self.live.update(Text(line))
+        elif now - self._last_print >= 5:
+            self._last_print = now
+            err.print(line)
+
+
+def summary_table(summary: RunSummary) -> Table:
+    title = "run" + (" (interrupted: run the same command again to resume)" if summary.interrupted else "")
+    table = Table("", "tasks", title=title, title_justify="left")
+    d = summary.dispatch
+    if d is not None:
+        table.add_row("input lines", f"{d.read:,}")
+        if d.invalid:
+            table.add_row("  rejected", f"{d.invalid:,}", style="yellow")
+        if d.duplicate_in_input:
+            table.add_row("  duplicates in input", f"{d.duplicate_in_input:,}")
+    table.add_row("tasks", f"{summary.tasks:,}")
+    table.add_row("archived", f"{summary.archived:,}", style="green")
+    table.add_row("dead-lettered", f"{summary.dead:,}", style="red" if summary.dead else None)
+    for reason, count in summary.dead_reasons.most_common():
+        table.add_row(f"  {reason}", f"{count:,}")
+    if summary.unfinished:
+        table.add_row("unfinished", f"{summary.unfinished:,}", style="yellow")
+    rate = summary.archived / summary.seconds if summary.seconds else 0
+    table.caption = f"{summary.seconds:.1f}s, {rate:.2f} pages/s"
+    return table
+
+
+def how_to_look(summary: RunSummary) -> str:
+    where = summary.archive
+    lines = [f"archive: {where}"]
+    if where.startswith("/"):
+        lines += [
+            f"  ls {where}/dt=*/host=*/                 # one folder per page, meta.json written last",
+            f"  zcat {where}/dt=*/host=*/*/page.html.gz | head",
+            f"  duckdb -c \"select url, status, title from read_json_auto('{where}/dt=*/host=*/*/meta.json', "
+            "hive_partitioning=true)\"",
+        ]
+    if summary.dead:
+        lines.append("  busscrape dlq list                       # why each dead letter died (needs the same NATS)")
+    if summary.failed_daemons:
+        lines.append("daemons that stopped for good: " + ", ".join(summary.failed_daemons))
+    return "\n".join(lines)
+
+
+def exit_code(summary: RunSummary, strict: bool) -> int:
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    d = summary.dispatch
+    if summary.unfinished or (d is not None and (d.failed or (strict and d.invalid))):
+        return EXIT_PARTIAL
+    return EXIT_OK
