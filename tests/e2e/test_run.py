@@ -20,7 +20,7 @@ from busscrape.taskstatus import StatusBoard
 from ..conftest import make_settings
 from ..support import pages
 from ..support.bus import stream_messages
-from ..support.procs import env_for
+from ..support.procs import env_for, spawn
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -149,8 +149,7 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
     runner = cli(["run", str(path)], tmp_path, env)
     await asyncio.sleep(2)
     assert runner.poll() is None  # dispatched, waiting: nothing renders yet
-    elsewhere = [subprocess.Popen([sys.executable, "-m", "busscrape", cmd], env=env_for(settings),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for cmd in ("worker", "ingester")]
+    elsewhere = [spawn([cmd], env_for(settings), tmp_path / f"{cmd}.log") for cmd in ("worker", "ingester")]
     try:
         output, _ = await asyncio.to_thread(runner.communicate, timeout=240)
     finally:
