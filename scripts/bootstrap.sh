@@ -30,8 +30,9 @@ stamp="$venv/.busscrape-$extra"
 want="$(cat pyproject.toml | sha256sum | cut -c1-16)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   say "installing busscrape[$extra] into $venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -e ".[$extra]"
+  # (this machine's pip config lists mirrors that may be absent: drop those warnings, keep the rest)
+  "$venv/bin/python" -m pip install --quiet --upgrade pip 2> >(grep -v "^WARNING: Location" >&2)
+  "$venv/bin/python" -m pip install --quiet -e ".[$extra]" 2> >(grep -v "^WARNING: Location" >&2)
   echo "$want" > "$stamp"
 fi
 

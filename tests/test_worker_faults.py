@@ -14,7 +14,7 @@ from busscrape import subjects, topology
 
 from .support import pages
 from .support.bus import count, dead_letters, enqueue, results, wait_until
-from .support.procs import chromium_processes, env_for, kill9, spawn
+from .support.procs import env_for, kill9, leftover_chromium, spawn
 from .test_worker import run_worker, wsettings  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -90,7 +90,7 @@ async def test_sigterm_lets_the_task_in_flight_finish(bus, fast_redelivery, site
     [result] = await results(bus.js)
     assert result.attempt == 1
     assert await count(bus.js, subjects.TASKS_STREAM) == 0
-    assert chromium_processes() == []
+    assert leftover_chromium(tmp_path / "graceful.log") == []
     log = (tmp_path / "graceful.log").read_text()
     assert '"worker.stopped"' in log and '"completed": 1' in log
 
@@ -103,7 +103,7 @@ async def test_sigterm_past_the_grace_period_hands_the_task_back_at_once(bus, fa
     await wait_for_hit(stamps, "/slow", 1)
     worker.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(worker.wait, 30) == 0
-    assert chromium_processes() == []
+    assert leftover_chromium(tmp_path / "impatient.log") == []
     sub = await bus.js.pull_subscribe_bind(subjects.WORKERS_CONSUMER, subjects.TASKS_STREAM)
     [msg] = await sub.fetch(1, timeout=2)  # available now, not after ack_wait
     assert msg.metadata.num_delivered == 2
@@ -118,7 +118,7 @@ async def test_a_second_signal_stops_at_once(bus, fast_redelivery, site, stamps,
     await asyncio.sleep(0.5)
     worker.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(worker.wait, 20) == 0
-    assert chromium_processes() == []
+    assert leftover_chromium(tmp_path / "twice.log") == []
 
 
 async def test_a_crashed_browser_is_relaunched_and_the_task_retried(bus, wsettings, site, stamps):  # noqa: F811

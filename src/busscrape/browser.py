@@ -93,7 +93,8 @@ class BrowserPool:
         browser = self._browser
         browser.on("disconnected", lambda _: None if browser is not self._browser else log.warning(
             "browser.disconnected", restarts=self.restarts))
-        log.info("browser.launched", version=self.version, source=self.binary.source, restarts=self.restarts)
+        log.info("browser.launched", version=self.version, source=self.binary.source, restarts=self.restarts,
+                 pool=self._marker.split("=", 1)[1])
 
     async def _close_browser(self) -> None:
         browser, self._browser = self._browser, None

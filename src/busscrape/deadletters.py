@@ -13,9 +13,11 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from . import tracing
 from .errors import BusscrapeError
 from .messages import DeadLetter, MessageSource, encode, preview
 from .subjects import DEADLETTER_STREAM, MSG_ID, deadletter_subject
+from .telemetry import Telemetry
 
 log = structlog.get_logger("busscrape.deadletters")
 
@@ -57,9 +59,12 @@ def poison(stage: str, msg: Msg, error: BusscrapeError) -> DeadLetter:
     )
 
 
-async def file(js: JetStreamContext, letter: DeadLetter, *, msg_id: str) -> None:
+async def file(js: JetStreamContext, letter: DeadLetter, *, msg_id: str, telemetry: Telemetry | None = None) -> None:
     """Publish ``letter`` to DEADLETTER and wait for its ack (raises if NATS refuses)."""
     subject = deadletter_subject(letter.stage, letter.task_id)
-    await js.publish(subject, encode(letter), stream=DEADLETTER_STREAM, headers={MSG_ID: msg_id})
+    ack = await js.publish(subject, encode(letter), stream=DEADLETTER_STREAM,
+                           headers=tracing.inject({MSG_ID: msg_id}))
+    if telemetry is not None and not ack.duplicate:
+        telemetry.dead_letters.add(1, {"stage": letter.stage, "reason": letter.reason})
     log.warning("deadletter.filed", stage=letter.stage, reason=letter.reason, task_id=letter.task_id,
                 url=letter.url, error=letter.error[:300])

@@ -351,7 +351,7 @@ class Dispatcher:
         headers = {
             subjects.MSG_ID: f"{task_id}-{self.run_id}",
             subjects.MSG_TTL: self._ttl,
-            subjects.TRACEPARENT: tracing.new_traceparent(),
+            subjects.TRACEPARENT: tracing.task_traceparent(task_id, url),
         }
         if not self.force:
             headers[subjects.EXPECTED_LAST_SUBJECT_SEQUENCE] = "0"

@@ -37,7 +37,7 @@ import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 
-from . import archive, deadletters
+from . import archive, deadletters, tracing
 from .artifacts import ArtifactStore
 from .bus import Bus
 from .errors import MessageDecodeError, PermanentError, RetryableError, StreamsMissing
@@ -47,6 +47,7 @@ from .settings import Settings
 from .storage import Storage
 from .subjects import ARCHIVIST_CONSUMER, DEADLETTER_STREAM, INGESTERS_CONSUMER, RESULTS_STREAM
 from .taskstatus import StatusBoard, TaskStatus
+from .telemetry import Telemetry
 from .tracing import trace_id_of
 
 log = structlog.get_logger("busscrape.ingester")
@@ -130,6 +131,10 @@ class Archiver:
                 await self.storage.delete(key)
 
     async def _copy(self, planned: archive.PlannedObject) -> archive.StoredObject:
+        with tracing.span("copy artifact", **{"busscrape.artifact": planned.name, "busscrape.key": planned.key}):
+            return await self._copy_one(planned)
+
+    async def _copy_one(self, planned: archive.PlannedObject) -> archive.StoredObject:
         ref = planned.ref
         async with aclosing(self.artifacts.stream(ref)) as source:
             if planned.content_encoding is None:
@@ -201,18 +206,19 @@ class Ingester(PullService):
     stream = RESULTS_STREAM
     durable = INGESTERS_CONSUMER
 
-    def __init__(self, bus: Bus, storage: Storage, settings: Settings | None = None) -> None:
+    def __init__(self, bus: Bus, storage: Storage, settings: Settings | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         s = settings or bus.settings
         cfg = s.ingester
         super().__init__(bus, concurrency=cfg.concurrency, max_items=cfg.max_results,
-                         exit_when_idle=cfg.exit_when_idle, grace_period=cfg.grace_period)
+                         exit_when_idle=cfg.exit_when_idle, grace_period=cfg.grace_period, telemetry=telemetry)
         self.storage = storage
         self.artifacts = ArtifactStore(bus.js)
         self.archiver = Archiver(storage, self.artifacts, prefix=s.archive.prefix, compress=s.archive.compress)
         self.backoff = (cfg.retry_base_delay, cfg.retry_max_delay)
         self.board = StatusBoard(bus.js)
         self.archivist = Archivist(bus, storage, prefix=s.archive.prefix, backoff=self.backoff,
-                                   grace_period=cfg.grace_period)
+                                   grace_period=cfg.grace_period, telemetry=telemetry)
 
     async def setup(self) -> None:
         """Refuse to start without the dead-letter consumer (the results one is checked by ``run``)."""
@@ -258,7 +264,14 @@ class Ingester(PullService):
             msg_id = deadletters.poison_letter_id(RESULTS_STREAM, msg.metadata.sequence.stream)
             await self._give_up(msg, deadletters.poison("ingester", msg, exc), msg_id, "malformed", trace_id=trace_id)
             return
-        fields = {"task_id": result.task_id, "attempt": result.attempt, "trace_id": trace_id}
+        with structlog.contextvars.bound_contextvars(task_id=result.task_id, url=result.url, attempt=result.attempt,
+                                                     trace_id=trace_id), \
+                tracing.consuming("archive result", msg.headers, RESULTS_STREAM,
+                                  **{"busscrape.task_id": result.task_id, "url.full": result.url}):
+            await self._archive(msg, result)
+
+    async def _archive(self, msg: Msg, result: ScrapeResult) -> None:
+        fields: dict[str, Any] = {}
         try:
             first_try = msg.metadata.num_delivered == 1 and result.attempt == 1
             done = await self.archiver.archive(result, first_try=first_try)
@@ -282,6 +295,9 @@ class Ingester(PullService):
             log.warning("result.ack_failed", error=str(exc) or type(exc).__name__, **fields)
             return
         self.counters["already_archived" if done.reused else "archived"] += 1
+        if self.telemetry is not None and not done.reused:
+            self.telemetry.results_archived.add(1)
+            self.telemetry.archived_bytes.add(done.size)
         log.info("result.archived", key=done.plan.folder, objects=len(done.plan.objects), bytes=done.size,
                  reused=done.reused, **fields)
         await self.board.record(TaskStatus(task_id=result.task_id, state="archived", url=result.url,
@@ -293,7 +309,7 @@ class Ingester(PullService):
     async def _give_up(self, msg: Msg, letter: DeadLetter, msg_id: str, counter: str, **fields: Any) -> None:
         """File ``letter``, then ack; if NATS does not take the letter, keep the message for later."""
         try:
-            await deadletters.file(self.bus.js, letter, msg_id=msg_id)
+            await deadletters.file(self.bus.js, letter, msg_id=msg_id, telemetry=self.telemetry)
         except _NATS_ERRORS as exc:
             await _retry_later(self, msg, exc, self.backoff, "result.deadletter_failed", **fields)
             return
@@ -317,8 +333,8 @@ class Archivist(PullService):
     durable = ARCHIVIST_CONSUMER
 
     def __init__(self, bus: Bus, storage: Storage, *, prefix: str, backoff: tuple[float, float],
-                 grace_period: float) -> None:
-        super().__init__(bus, concurrency=LETTER_SLOTS, grace_period=grace_period)
+                 grace_period: float, telemetry: Telemetry | None = None) -> None:
+        super().__init__(bus, concurrency=LETTER_SLOTS, grace_period=grace_period, telemetry=telemetry)
         self.storage = storage
         self.prefix = prefix
         self.backoff = backoff

@@ -14,6 +14,7 @@ from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
+from . import tracing
 from .errors import InvalidTask, NavigationTimeout
 from .steps import (
     Click,
@@ -53,7 +54,8 @@ async def run_steps(page: Page, steps: tuple[Step, ...], *, default_timeout: flo
     """Execute ``steps`` in order; raises NavigationTimeout or InvalidTask."""
     for index, step in enumerate(steps):
         try:
-            await _run(page, step, default_timeout, allow_evaluate, check_url, take_screenshot)
+            with tracing.span(f"step {step.action}", **{"busscrape.step": index + 1}):
+                await _run(page, step, default_timeout, allow_evaluate, check_url, take_screenshot)
         except PlaywrightTimeout as exc:
             raise NavigationTimeout(f"step {index + 1} ({step.action}) timed out: {_first_line(exc)}",
                                     reason="step_timeout") from None

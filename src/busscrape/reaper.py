@@ -25,6 +25,7 @@ from .bus import Bus
 from .errors import MessageDecodeError
 from .messages import DeadLetter, MessageSource, ScrapeTask, decode
 from .taskstatus import StatusBoard, TaskStatus
+from .telemetry import Telemetry
 
 log = structlog.get_logger("busscrape.reaper")
 
@@ -32,8 +33,9 @@ _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
 
 
 class Reaper:
-    def __init__(self, bus: Bus, attempts: AttemptLog) -> None:
+    def __init__(self, bus: Bus, attempts: AttemptLog, telemetry: Telemetry | None = None) -> None:
         self.bus = bus
+        self.telemetry = telemetry
         self.attempts = attempts
         self.board = StatusBoard(bus.js)
         self.reaped = 0
@@ -93,7 +95,7 @@ class Reaper:
                 error=f"delivered {deliveries} times without an outcome; {what}"[:4000], url=task.url,
                 host=deadletters.host_of(task.url), attempts=history, task=task, source=source)
             msg_id = deadletters.task_letter_id(task.task_id, seq)
-        await deadletters.file(js, letter, msg_id=msg_id)
+        await deadletters.file(js, letter, msg_id=msg_id, telemetry=self.telemetry)
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_msg(subjects.TASKS_STREAM, seq)
         if letter.task_id:

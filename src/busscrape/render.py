@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from typing import Any
 from urllib.parse import urlsplit
 
-from playwright.async_api import BrowserContext, Page, Route
+from playwright.async_api import BrowserContext, Page, Response, Route
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
+from . import tracing
 from .browser import BrowserPool
 from .egress import EgressProxy
 from .errors import (
@@ -94,6 +97,21 @@ class Rendered:
     har_bodies_dropped: bool = False
 
 
+@dataclass
+class _Visit:
+    """What navigation and steps left for the capture."""
+
+    page: Page
+    task: ScrapeTask
+    status: int | None
+    headers: dict[str, str]
+    chain: tuple[str, ...]
+    failed: list[tuple[str, str]]
+    shots: list[Capture]
+    har: HarRecorder | None
+    timings: dict[str, float]
+
+
 def retry_after_seconds(value: str | None) -> float | None:
     """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
     if not value:
@@ -116,6 +134,13 @@ class Renderer:
         self.egress = egress
         self.settings = settings
         self.statuses = StatusPolicy.parse(settings.retry_statuses, settings.dead_statuses)
+        self._chores: set[asyncio.Future[Any]] = set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run a page chore (close a popup, dismiss a dialog) without waiting; failures do not matter."""
+        chore = asyncio.ensure_future(coro)
+        self._chores.add(chore)
+        chore.add_done_callback(lambda done: (self._chores.discard(done), done.cancelled() or done.exception()))
 
     async def render(self, task: ScrapeTask) -> Rendered:
         opts = task.options
@@ -125,7 +150,17 @@ class Renderer:
         if opts.user_agent:
             context_options["user_agent"] = opts.user_agent
         async with self.pool.context(**context_options) as ctx:
-            return await self._render_in(ctx, task)
+            try:
+                return await self._render_in(ctx, task)
+            except PlaywrightTimeout as exc:
+                raise NavigationTimeout(f"{task.url}: {_first_line(exc)}", reason="page_timeout") from None
+            except PlaywrightError as exc:
+                # After navigation: the page crashed, closed itself, or the browser went away.
+                message = _first_line(exc)
+                for needle, kind, reason in _NAV_ERRORS:
+                    if needle in message and kind is BrowserCrashed:
+                        raise BrowserCrashed(f"{task.url}: {message}", reason=reason) from None
+                raise PageNetworkError(f"{task.url}: {message}", reason="page_error") from None
 
     async def _render_in(self, ctx: BrowserContext, task: ScrapeTask) -> Rendered:
         opts = task.options
@@ -144,20 +179,36 @@ class Renderer:
             await ctx.route("**/*", block)
         page = await ctx.new_page()
         page.set_default_timeout(nav_timeout)
-        ctx.on("page", lambda popup: asyncio.ensure_future(popup.close()) if popup != page else None)
-        page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.dismiss()))
+        ctx.on("page", lambda popup: self._spawn(popup.close()) if popup != page else None)
+        page.on("dialog", lambda dialog: self._spawn(dialog.dismiss()))
         failed: list[tuple[str, str]] = []
         page.on("requestfailed", lambda r: failed.append((r.url, r.failure or "")))
+        oversize: list[int] = []
+
+        def check_size(response: Response) -> None:
+            # A document whose Content-Length is over the limit is stopped before the browser
+            # spends a minute parsing it (pages without one are checked after rendering).
+            length = response.headers.get("content-length", "")
+            if (length.isdigit() and int(length) > self.settings.max_page_bytes
+                    and response.request.is_navigation_request() and response.frame == page.main_frame):
+                oversize.append(int(length))
+                self._spawn(page.close())
+
+        page.on("response", check_size)
         har = HarRecorder(page, embed_bodies=opts.har_content == "embed") if "har" in opts.artifacts else None
 
         if self.gate is not None:
             await self.gate.pace(urlsplit(task.url).hostname or "")
         try:
-            response = await page.goto(task.url, wait_until=opts.wait_until, timeout=nav_timeout)
+            with tracing.span("navigate", **{"url.full": task.url, "busscrape.wait_until": opts.wait_until}):
+                response = await page.goto(task.url, wait_until=opts.wait_until, timeout=nav_timeout)
         except PlaywrightTimeout:
             raise NavigationTimeout(f"navigation to {task.url} did not finish in {nav_timeout / 1000:.0f}s "
                                     f"(wait_until={opts.wait_until})") from None
         except PlaywrightError as exc:
+            if oversize:
+                raise LimitExceeded(f"{task.url} is {oversize[0]} bytes, over max_page_bytes "
+                                    f"{self.settings.max_page_bytes}", reason="page_too_large") from None
             raise self._navigation_error(task.url, exc, failed, since) from None
         navigated = time.perf_counter()
 
@@ -187,6 +238,18 @@ class Renderer:
                         allow_evaluate=self.settings.allow_evaluate, check_url=self.policy.check_url,
                         take_screenshot=extra_shot)
         stepped = time.perf_counter()
+        visit = _Visit(page, task, status, dict(headers), tuple(reversed(chain)), failed, shots, har,
+                       {"navigation": _ms(started, navigated), "steps": _ms(navigated, stepped)})
+        with tracing.span("capture", artifacts=",".join(opts.artifacts)):
+            rendered = await self._capture(visit)
+        rendered.timings["capture"] = _ms(stepped, time.perf_counter())
+        rendered.timings["total"] = _ms(started, time.perf_counter())
+        return rendered
+
+    async def _capture(self, visit: _Visit) -> Rendered:
+        page, task, har, timings = visit.page, visit.task, visit.har, visit.timings
+        opts = task.options
+        ext = "jpg" if opts.screenshot.format == "jpeg" else "png"
         dom = await page.evaluate(_CAPTURE_JS, "text" in opts.artifacts)
         if "html" in opts.artifacts:
             dom["html"] = await page.content()
@@ -195,9 +258,8 @@ class Renderer:
             data = await self._screenshot(page, task, full_page=opts.screenshot.full_page, height=dom["height"])
             rendered.insert(1 if rendered and rendered[0].kind == "html" else 0,
                             Capture(f"screenshot.{ext}", "screenshot", CONTENT_TYPES[opts.screenshot.format], data))
-        rendered += shots
+        rendered += visit.shots
         dropped = False
-        timings = {"navigation": _ms(started, navigated), "steps": _ms(navigated, stepped)}
         timings.update({k: round(v, 1) for k, v in (dom.get("timing") or {}).items() if v})
         if har is not None:
             har.page_title = dom["title"]
@@ -209,11 +271,9 @@ class Renderer:
             except ValueError as exc:
                 raise LimitExceeded(str(exc), reason="har_too_large") from None
             rendered.append(Capture("page.har", "har", CONTENT_TYPES["har"], data))
-        timings["capture"] = _ms(stepped, time.perf_counter())
-        timings["total"] = _ms(started, time.perf_counter())
-        blocked = [url for url, why in failed if "SOCKS" in why or "blockedbyclient" in why]
-        return Rendered(final_url=page.url, status=status, redirect_chain=tuple(reversed(chain)),
-                        response_headers=dict(headers), title=dom["title"][:1000], timings=timings,
+        blocked = [url for url, why in visit.failed if "SOCKS" in why or "blockedbyclient" in why]
+        return Rendered(final_url=page.url, status=visit.status, redirect_chain=visit.chain,
+                        response_headers=visit.headers, title=dom["title"][:1000], timings=timings,
                         captures=rendered, blocked_requests=blocked[:100], har_bodies_dropped=dropped)
 
     def _captures(self, task: ScrapeTask, dom: dict) -> list[Capture]:
@@ -279,6 +339,10 @@ class Renderer:
             if parts.hostname and (why := self.egress.explain(parts.hostname, port, since)):
                 return f"{parts.hostname}:{port}: {why}"
         return None
+
+
+def _first_line(exc: PlaywrightError) -> str:
+    return (exc.message or str(exc)).splitlines()[0][:500]
 
 
 def _ms(a: float, b: float) -> float:

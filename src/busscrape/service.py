@@ -34,6 +34,7 @@ from nats.aio.msg import Msg
 
 from .bus import Bus
 from .errors import StreamsMissing
+from .telemetry import Telemetry
 
 log = structlog.get_logger("busscrape.service")
 
@@ -56,8 +57,12 @@ class PullService(ABC):
         exit_when_idle: float | None = None,
         grace_period: float = 30.0,
         fetch_timeout: float = 2.0,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.bus = bus
+        self.telemetry = telemetry
+        self.lag = 0
+        self._bound = False
         self.concurrency = concurrency
         self.max_items = max_items
         self.exit_when_idle = exit_when_idle
@@ -89,6 +94,18 @@ class PullService(ABC):
     async def background(self) -> list[asyncio.Task[Any]]:
         """Extra tasks that run alongside the slots (e.g. the reaper); cancelled at exit."""
         return []
+
+    def count(self, outcome: str) -> None:
+        """Count an outcome in the shutdown summary (and, through ``counted``, in metrics)."""
+        self.counters[outcome] += 1
+        self.counted(outcome)
+
+    def counted(self, outcome: str) -> None:  # noqa: B027 - optional hook
+        """Hook: report ``outcome`` to metrics (the worker counts tasks by outcome)."""
+
+    async def checks(self) -> dict[str, bool]:
+        """Readiness: connected to NATS and bound to the consumer (subclasses add theirs)."""
+        return {"nats": self.bus.nc.is_connected, "consumer": self._bound}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -127,8 +144,14 @@ class PullService(ABC):
             raise RuntimeError("run() can be called once")
         self._started = True
         subs = await self._bind()
+        self._bound = True
         await self._learn_ack_wait()
         extra = await self.background()
+        if self.telemetry is not None:
+            labels = {"service": self.kind}
+            self.telemetry.gauge("in_flight", lambda: [(self.in_flight, labels)])
+            self.telemetry.gauge("lag", lambda: [(self.lag, {"consumer": f"{self.stream}/{self.durable}"})])
+            extra.append(asyncio.create_task(self._watch_lag(), name=f"{self.kind}-lag"))
         slots = {asyncio.create_task(self._slot(sub), name=f"{self.kind}-slot-{i}"): sub
                  for i, sub in enumerate(subs)}
         log.info(f"{self.kind}.started", concurrency=self.concurrency, stream=self.stream, consumer=self.durable)
@@ -164,6 +187,14 @@ class PullService(ABC):
                 "against the same NATS server first"
             ) from None
         return subs
+
+    async def _watch_lag(self, every: float = 10.0) -> None:
+        """Keep the consumer-lag gauge fresh (the same sum KEDA scales on)."""
+        while True:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+                info = await self.bus.js.consumer_info(self.stream, self.durable)
+                self.lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
+            await asyncio.sleep(every)
 
     async def _learn_ack_wait(self) -> None:
         info = await self.bus.js.consumer_info(self.stream, self.durable)
@@ -246,11 +277,11 @@ class PullService(ABC):
             await self.handle(msg)
         except asyncio.CancelledError:
             # Stopping: hand the message back at once so another process takes it.
-            self.counters["released"] += 1
+            self.count("released")
             await _quiet(msg.nak())
             raise
         except Exception as exc:
-            self.counters["crashed"] += 1
+            self.count("crashed")
             log.exception(f"{self.kind}.handler_crashed", error=repr(exc), subject=msg.subject)
             await _quiet(msg.nak(delay=CRASH_DELAY))
         finally:

@@ -55,6 +55,13 @@ class NatsSettings(_Section):
     """Timeout of JetStream API requests and synchronous publishes."""
     server_binary: str | None = None
     """Path of the nats-server binary for the embedded server (default: found on PATH)."""
+    monitor_url: str | None = None
+    """The server's HTTP monitoring endpoint (``http://nats:8222``). When set, ``busscrape status``
+    reads the workers' lag from its ``/jsz`` exactly as KEDA's nats-jetstream scaler does;
+    unset, it asks the JetStream API (same numbers on a single server)."""
+    monitor_account: str = "$G"
+    """The account whose ``/jsz`` details hold the streams (``$G``: the default account, as in
+    KEDA's ``account`` trigger field)."""
 
     def server_urls(self) -> list[str]:
         """The configured server URLs, or the local default."""
@@ -170,8 +177,9 @@ class WorkerSettings(_Section):
     """Minimum time between two navigations to one host within this worker."""
     allow_evaluate: bool = False
     """Allow the ``evaluate`` step (runs task-supplied JavaScript in the page)."""
-    max_page_bytes: Size = "60MB"
-    """Largest rendered HTML accepted; larger pages dead-letter with ``page_too_large``."""
+    max_page_bytes: Size = "32MiB"
+    """Largest page accepted (its Content-Length, then its rendered HTML); larger ones dead-letter
+    with ``page_too_large``."""
     max_har_bytes: Size = "100MB"
     """Largest HAR accepted; response bodies are dropped first, then the task fails."""
     max_screenshot_height: int = Field(16384, ge=256)

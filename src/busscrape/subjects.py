@@ -44,6 +44,8 @@ ATTEMPTS_STREAM = f"KV_{ATTEMPTS_BUCKET}"
 STATUS_STREAM = f"KV_{STATUS_BUCKET}"
 ARTIFACTS_STREAM = f"OBJ_{ARTIFACTS_BUCKET}"
 
+JS_API = "$JS.API"  # JetStream's API prefix (no domains here); for requests nats-py does not wrap
+
 MAX_DELIVERIES_ADVISORY = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{TASKS_STREAM}.{WORKERS_CONSUMER}"
 
 # Headers
@@ -62,6 +64,11 @@ def seen_key_subject(task_key: str) -> str:
     return f"$KV.{SEEN_BUCKET}.{task_key}"
 
 
+def kv_subject(bucket: str, key: str) -> str:
+    """The subject a key-value entry lives under (``key`` may be a wildcard such as ``<id>.>``)."""
+    return f"$KV.{bucket}.{key}"
+
+
 def task_subject(task_key: str) -> str:
     """The subject of a task in TASKS (what the SEEN source transform produces)."""
     return f"{PREFIX}.tasks.{task_key}"
@@ -76,3 +83,16 @@ def deadletter_subject(stage: str, task_key: str | None) -> str:
     if stage not in DEADLETTER_STAGES:
         raise ValueError(f"unknown dead-letter stage {stage!r}")
     return f"{PREFIX}.deadletter.{stage}.{task_key or 'unknown'}"
+
+
+def deadletter_stage_subjects(stage: str) -> str:
+    """Every dead letter one stage filed (a filter for consumers and subject counts)."""
+    if stage not in DEADLETTER_STAGES:
+        raise ValueError(f"unknown dead-letter stage {stage!r}")
+    return f"{PREFIX}.deadletter.{stage}.>"
+
+
+def deadletter_stage_of(subject: str) -> str | None:
+    """The stage token of a dead letter's subject (``None`` for a subject of another shape)."""
+    parts = subject.split(".")
+    return parts[2] if len(parts) >= 4 and parts[:2] == [PREFIX, "deadletter"] else None

@@ -2,16 +2,21 @@
 
 Each task starts a trace at dispatch; its ``traceparent`` travels in NATS headers and every
 service continues it, so one trace id follows a task through every log line and span.
-Spans are exported over OTLP only when the standard ``OTEL_*`` variables ask for it.
+Spans (``messaging.*`` attributes, PRODUCER/CONSUMER kinds) are recorded and exported only
+when a tracer provider is configured (``telemetry.configure_tracing``: the standard ``OTEL_*``
+variables); without one the context still travels, so log lines keep their trace id.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .subjects import TRACEPARENT
@@ -21,6 +26,11 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 tracer = trace.get_tracer("busscrape")
 
 
+def recording() -> bool:
+    """Whether spans are being recorded (a real tracer provider is configured)."""
+    return type(trace.get_tracer_provider()).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider")
+
+
 def new_traceparent() -> str:
     """A fresh sampled trace context for a new task (cheap: no span object needed)."""
     trace_id = int.from_bytes(os.urandom(16), "big") or 1
@@ -28,8 +38,21 @@ def new_traceparent() -> str:
     return f"00-{trace_id:032x}-{span_id:016x}-01"
 
 
+def task_traceparent(task_id: str, url: str) -> str:
+    """The trace context a new task is published with: a PRODUCER span when tracing records,
+    else just fresh ids (the dispatcher's hot path pays for spans only when they are kept)."""
+    if not recording():
+        return new_traceparent()
+    attributes = {"messaging.system": "nats", "messaging.operation.type": "publish",
+                  "messaging.destination.name": "SEEN", "busscrape.task_id": task_id, "url.full": url}
+    with tracer.start_as_current_span("dispatch task", kind=SpanKind.PRODUCER, attributes=attributes):
+        headers: dict[str, str] = {}
+        _PROPAGATOR.inject(headers)
+        return headers.get(TRACEPARENT) or new_traceparent()
+
+
 def inject(headers: dict[str, str]) -> dict[str, str]:
-    """Put the current span's context into ``headers`` (no-op without a recording span)."""
+    """Put the current context into ``headers`` (a no-op when there is none)."""
     _PROPAGATOR.inject(headers)
     return headers
 
@@ -46,3 +69,21 @@ def trace_id_of(headers: Mapping[str, str] | None) -> str | None:
         return None
     parts = value.split("-")
     return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
+
+
+@contextlib.contextmanager
+def consuming(name: str, headers: Mapping[str, str] | None, stream: str, **attributes: Any) -> Iterator[Span]:
+    """A CONSUMER span continuing the trace in ``headers``, current for the block."""
+    attrs = {"messaging.system": "nats", "messaging.operation.type": "process",
+             "messaging.destination.name": stream, **{k: v for k, v in attributes.items() if v is not None}}
+    with tracer.start_as_current_span(name, context=extract(headers), kind=SpanKind.CONSUMER,
+                                      attributes=attrs) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def span(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> Iterator[Span]:
+    """A child span of the current one."""
+    attrs = {k: v for k, v in attributes.items() if v is not None}
+    with tracer.start_as_current_span(name, kind=kind, attributes=attrs) as current:
+        yield current

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from contextlib import AsyncExitStack
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +25,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 
 from . import deadletters, subjects, tracing
 from .artifacts import ArtifactStore, object_name
@@ -49,6 +51,7 @@ from .service import PullService
 from .settings import Settings
 from .steps import Evaluate
 from .taskstatus import StatusBoard, TaskStatus
+from .telemetry import Telemetry
 
 log = structlog.get_logger("busscrape.worker")
 
@@ -58,10 +61,10 @@ class Worker(PullService):
     stream = subjects.TASKS_STREAM
     durable = subjects.WORKERS_CONSUMER
 
-    def __init__(self, bus: Bus, settings: Settings) -> None:
+    def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry | None = None) -> None:
         w = settings.worker
         super().__init__(bus, concurrency=w.concurrency, max_items=w.max_tasks, exit_when_idle=w.exit_when_idle,
-                         grace_period=w.grace_period)
+                         grace_period=w.grace_period, telemetry=telemetry)
         self.settings = settings
         self.policy = NetworkPolicy.from_settings(settings.network.allow)
         self.gate = HostGate(w.host_concurrency, w.host_delay)
@@ -82,6 +85,16 @@ class Worker(PullService):
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
                         recycle_rss=w.recycle_rss))
         self.renderer = Renderer(self.pool, self.policy, egress, w, self.gate)
+        if self.telemetry is not None:
+            pool = self.pool
+            self.telemetry.gauge("browser_restarts", lambda: [(pool.restarts, {})])
+
+    def counted(self, outcome: str) -> None:
+        if self.telemetry is not None and outcome != "duplicate_results":
+            self.telemetry.tasks.add(1, {"outcome": outcome})
+
+    async def checks(self) -> dict[str, bool]:
+        return {**await super().checks(), "browser": self.pool is not None and self.pool.up}
 
     async def teardown(self) -> None:
         await self._stack.aclose()
@@ -91,7 +104,7 @@ class Worker(PullService):
         self.max_deliver = info.config.max_deliver or -1
         if not self.settings.worker.reaper:
             return []
-        reaper = Reaper(self.bus, self.attempts)
+        reaper = Reaper(self.bus, self.attempts, self.telemetry)
         return [asyncio.create_task(reaper.run(self._stopping), name="reaper")]
 
     # -- one task ---------------------------------------------------------------------------
@@ -100,7 +113,7 @@ class Worker(PullService):
         headers = msg.headers or {}
         if headers.get("KV-Operation") in ("DEL", "PURGE"):
             # A delete marker from the SEEN bucket, sourced into TASKS: not work.
-            self.counters["skipped"] += 1
+            self.count("skipped")
             await msg.ack_sync(timeout=self.settings.nats.request_timeout)
             return
         seq = msg.metadata.sequence.stream
@@ -110,21 +123,30 @@ class Worker(PullService):
         except MessageDecodeError as exc:
             await self._poison(msg, exc)
             return
+        started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(task_id=task.task_id, url=task.url, attempt=attempt,
-                                                     trace_id=tracing.trace_id_of(headers)):
+                                                     trace_id=tracing.trace_id_of(headers)), \
+                tracing.consuming("render task", headers, self.stream, **{
+                    "busscrape.task_id": task.task_id, "url.full": task.url,
+                    "messaging.message.delivery_count": attempt}) as span:
             await self._status(task, "running", attempt=attempt)
             try:
                 self._validate(task)
                 result = await self._render(task, seq, attempt)
-                await self._publish(task, result, headers)
+                await self._publish(task, result)
                 await msg.ack_sync(timeout=self.settings.nats.request_timeout)
             except RetryableError as exc:
+                span.set_attribute("busscrape.outcome", f"retry:{exc.reason}")
                 await self._failed(msg, task, seq, attempt, exc)
                 return
             except PermanentError as exc:
+                span.set_attribute("busscrape.outcome", f"dead:{exc.reason}")
                 await self._dead(msg, task, seq, attempt, exc)
                 return
-            self.counters["completed"] += 1
+            self.count("completed")
+            span.set_attribute("http.response.status_code", result.status or 0)
+            if self.telemetry is not None:
+                self.telemetry.render_duration.record(time.perf_counter() - started)
             log.info("task.done", status=result.status, ms=result.timings.get("total"))
             await self._status(task, "rendered", attempt=attempt, status=result.status)
             if attempt > 1:
@@ -150,14 +172,15 @@ class Worker(PullService):
             raise NavigationTimeout(f"task took longer than task_timeout {self.settings.worker.task_timeout:.0f}s",
                                     reason="task_timeout") from None
         refs: list[ArtifactRef] = []
-        try:
-            for capture in rendered.captures:
-                name = object_name(task.task_id, seq, attempt, capture.file)
-                refs.append(await self.artifacts.put(name, capture.data, capture.content_type, kind=capture.kind,
-                                                     file=capture.file))
-        except StorageUnavailable:
-            await self._drop(refs)
-            raise
+        with tracing.span("upload artifacts", count=len(rendered.captures)):
+            try:
+                for capture in rendered.captures:
+                    name = object_name(task.task_id, seq, attempt, capture.file)
+                    refs.append(await self.artifacts.put(name, capture.data, capture.content_type,
+                                                         kind=capture.kind, file=capture.file))
+            except StorageUnavailable:
+                await self._drop(refs)
+                raise
         return ScrapeResult(
             task_id=task.task_id, task_seq=seq, url=task.url, original_url=task.original_url,
             final_url=rendered.final_url, status=rendered.status, redirect_chain=rendered.redirect_chain,
@@ -167,14 +190,14 @@ class Worker(PullService):
             dispatched_at=task.dispatched_at,
         )
 
-    async def _publish(self, task: ScrapeTask, result: ScrapeResult, headers: dict[str, str]) -> None:
-        out = {subjects.MSG_ID: f"result-{task.task_id}-{result.task_seq}"}
-        if subjects.TRACEPARENT in headers:
-            out[subjects.TRACEPARENT] = headers[subjects.TRACEPARENT]
+    async def _publish(self, task: ScrapeTask, result: ScrapeResult) -> None:
         try:
-            ack = await self.bus.js.publish(subjects.result_subject(task.task_id), encode(result),
-                                            stream=subjects.RESULTS_STREAM, headers=out,
-                                            timeout=self.settings.nats.request_timeout)
+            with tracing.span("publish result", SpanKind.PRODUCER, **{
+                    "messaging.system": "nats", "messaging.destination.name": subjects.RESULTS_STREAM}):
+                out = tracing.inject({subjects.MSG_ID: f"result-{task.task_id}-{result.task_seq}"})
+                ack = await self.bus.js.publish(subjects.result_subject(task.task_id), encode(result),
+                                                stream=subjects.RESULTS_STREAM, headers=out,
+                                                timeout=self.settings.nats.request_timeout)
         except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
             await self._drop(result.artifacts)
             raise StorageUnavailable(f"RESULTS did not take the result: {exc!r}",
@@ -182,7 +205,7 @@ class Worker(PullService):
         if ack.duplicate:
             # An earlier delivery of this task already published its result (and was killed
             # before its ack): that result stands; these artifacts would be orphans.
-            self.counters["duplicate_results"] += 1
+            self.count("duplicate_results")
             await self._drop(result.artifacts)
 
     async def _drop(self, refs: tuple[ArtifactRef, ...] | list[ArtifactRef]) -> None:
@@ -207,7 +230,7 @@ class Worker(PullService):
             await self._file(msg, task, seq, history, exc, last=True)
             return
         delay = self.retry_delay(attempt, exc.retry_after)
-        self.counters["retried"] += 1
+        self.count("retried")
         await self._status(task, "retrying", attempt=attempt, reason=exc.reason, error=str(exc)[:500])
         log.warning("task.retry", reason=exc.reason, error=str(exc)[:300], delay=round(delay, 2))
         await msg.nak(delay=delay)
@@ -223,7 +246,8 @@ class Worker(PullService):
                             url=task.url, host=deadletters.host_of(task.url), attempts=history, task=task,
                             source=deadletters.source_of(msg))
         try:
-            await deadletters.file(self.bus.js, letter, msg_id=deadletters.task_letter_id(task.task_id, seq))
+            await deadletters.file(self.bus.js, letter, msg_id=deadletters.task_letter_id(task.task_id, seq),
+                                   telemetry=self.telemetry)
         except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as err:
             # Not filed, so not removed: try again later.
             log.warning("deadletter.unavailable", error=repr(err))
@@ -231,19 +255,20 @@ class Worker(PullService):
             return
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         await self.attempts.clear(task.task_id, seq)
-        self.counters["dead"] += 1
+        self.count("dead")
         await self._status(task, "dead", attempt=len(history), reason=exc.reason, error=error[:500])
 
     async def _poison(self, msg: Msg, exc: MessageDecodeError) -> None:
         letter = deadletters.poison("worker", msg, exc)
         seq = msg.metadata.sequence.stream
         try:
-            await deadletters.file(self.bus.js, letter, msg_id=deadletters.poison_letter_id(self.stream, seq))
+            await deadletters.file(self.bus.js, letter, msg_id=deadletters.poison_letter_id(self.stream, seq),
+                                   telemetry=self.telemetry)
         except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
             await msg.nak(delay=self.retry_delay(1, None))
             return
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
-        self.counters["poison"] += 1
+        self.count("poison")
 
     async def _status(self, task: ScrapeTask, state: str, **fields: Any) -> None:
         await self.board.record(TaskStatus(task_id=task.task_id, state=state, url=task.url,  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from busscrape.settings import Settings
@@ -43,14 +44,37 @@ def kill9(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def chromium_processes() -> list[int]:
-    """PIDs of every running Chromium browser process started by a busscrape BrowserPool."""
+def chromium_processes(pool: str = "") -> list[int]:
+    """PIDs of running Chromium browser processes started by a busscrape BrowserPool (one pool's,
+    when its id is given: other tests may be running browsers of their own)."""
+    marker = f"--busscrape-pool={pool}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"--busscrape-pool=" in (entry / "cmdline").read_bytes():
+                if marker in (entry / "cmdline").read_bytes():
                     found.append(int(entry.name))
             except OSError:
                 continue
     return found
+
+
+def pools_in_log(log: Path) -> list[str]:
+    """The browser pool ids a worker logged (``browser.launched``)."""
+    pools = []
+    for line in log.read_text().splitlines():
+        if '"browser.launched"' in line:
+            pools.append(json.loads(line)["pool"])
+    return pools
+
+
+def leftover_chromium(log: Path, wait: float = 10.0) -> list[int]:
+    """Chromium processes of the worker that wrote ``log`` still alive after ``wait`` seconds."""
+    pools = pools_in_log(log)
+    assert pools, f"no browser.launched line in {log}"
+    deadline = time.monotonic() + wait
+    while True:
+        left = [pid for pool in pools for pid in chromium_processes(pool)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

@@ -15,5 +15,7 @@ from . import ingester as _ingester  # noqa: F401  isort: skip
 from . import worker as _worker  # noqa: F401  isort: skip
 from . import run as _run  # noqa: F401  isort: skip
 from . import demo as _demo  # noqa: F401  isort: skip
+from . import status as _status  # noqa: F401  isort: skip
+from . import dlq as _dlq  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]

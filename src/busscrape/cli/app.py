@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import Coroutine
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from .. import __version__, logs
 from ..errors import EXIT_INTERRUPTED, ConfigurationError
+from ..health import HealthServer
 from ..settings import Settings
 
 EPILOG = (
@@ -50,16 +52,28 @@ def settings(**sections: dict[str, Any]) -> Settings:
 
 
 async def serve(service: Any) -> Any:
-    """Run a daemon until it stops: SIGTERM/SIGINT drain it, a second signal stops it now."""
+    """Run a daemon until it stops: SIGTERM/SIGINT drain it, a second signal stops it now.
+
+    When the service has telemetry and ``BUSSCRAPE_TELEMETRY__HTTP_PORT`` is set, its
+    ``/healthz``, ``/readyz`` and ``/metrics`` are served for as long as it runs.
+    """
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
+    telemetry = getattr(service, "telemetry", None)
+    cfg = service.bus.settings.telemetry
     try:
-        async with service:
-            return await service.run()
+        async with contextlib.AsyncExitStack() as stack:
+            if telemetry is not None and cfg.http_port is not None:
+                await stack.enter_async_context(
+                    HealthServer(cfg.http_host, cfg.http_port, checks=service.checks, telemetry=telemetry))
+            async with service:
+                return await service.run()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if telemetry is not None:
+            telemetry.close()
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -20,6 +20,7 @@ from ..bus import Bus
 from ..dispatcher import Dispatcher, DispatchSummary
 from ..inputs import Rejection, TaskDefaults
 from ..settings import Settings
+from ..telemetry import configure_tracing
 from . import options
 from .app import app, err, out, run, settings
 
@@ -95,6 +96,7 @@ async def _dispatch(s: Settings, defaults: TaskDefaults, source: str, fmt: Any, 
             rejects.write(orjson.dumps(rejection.as_dict()) + b"\n")
 
     loop = asyncio.get_running_loop()
+    configure_tracing("dispatcher")
     async with await Bus.connect(s, name="busscrape-dispatch") as bus:
         async with Dispatcher(bus, s, defaults, force=force, on_rejected=rejected) as dispatcher:
             for sig in (signal.SIGINT, signal.SIGTERM):

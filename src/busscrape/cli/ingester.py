@@ -13,6 +13,7 @@ from ..errors import EXIT_OK, EXIT_PARTIAL
 from ..ingester import Ingester
 from ..settings import Settings
 from ..storage import open_storage
+from ..telemetry import Telemetry, configure_tracing
 from .app import app, run, serve, settings
 
 log = structlog.get_logger("busscrape.cli")
@@ -52,4 +53,5 @@ async def ingest(s: Settings, *, archive_dir: Path | None = None) -> Counter[str
     storage = open_storage(s, archive_dir)
     async with await Bus.connect(s, name=f"busscrape-ingester-{s.ingester.name}") as bus, storage:
         log.info("ingester.archive", storage=storage.url, prefix=s.archive.prefix, compress=s.archive.compress)
-        return await serve(Ingester(bus, storage, s))
+        configure_tracing("ingester")
+        return await serve(Ingester(bus, storage, s, Telemetry("ingester")))

@@ -7,6 +7,7 @@ import typer
 from .. import streams as admin
 from .. import topology
 from ..bus import Bus
+from ..telemetry import Telemetry, configure_tracing
 from ..units import parse_duration
 from ..worker import Worker
 from .app import app, run, serve, settings
@@ -34,6 +35,7 @@ def worker_cmd(
             await admin.require(bus.js, topology.load(s), {
                 ("stream", "TASKS"), ("consumer", "workers"), ("stream", "RESULTS"), ("stream", "DEADLETTER"),
                 ("object_store", "ARTIFACTS"), ("kv", "ATTEMPTS"), ("consumer", "reaper")})
-            await serve(Worker(bus, s))
+            configure_tracing("worker")
+            await serve(Worker(bus, s, Telemetry("worker")))
 
     run(go())

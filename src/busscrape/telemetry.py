@@ -1,0 +1,105 @@
+"""Metrics (Prometheus on ``/metrics``) and tracing (OTLP when ``OTEL_*`` asks) for one process.
+
+Metrics are OpenTelemetry instruments exported in Prometheus format; the names are part of
+the operations contract (the Grafana dashboard and alerts use them):
+
+==================================  =========  ================================================
+``busscrape_tasks_total``           counter    tasks a worker finished, by ``outcome``
+``busscrape_render_duration_seconds`` histogram  time from fetch to result published
+``busscrape_results_archived_total``  counter    results an ingester archived
+``busscrape_archived_bytes_total``  counter    bytes written to the archive
+``busscrape_in_flight``             gauge      messages being worked on, by ``service``
+``busscrape_dead_letters_total``    counter    dead letters filed, by ``stage`` and ``reason``
+``busscrape_browser_restarts_total``  counter    Chromium relaunches (crash or recycle)
+``busscrape_consumer_lag``          gauge      ``num_pending + num_ack_pending``, by ``consumer``
+==================================  =========  ================================================
+
+The Prometheus registry is per process by nature; a ``Telemetry`` registers its collector
+there and ``close()`` removes it, so services created one after another in one process (the
+tests) do not report each other's numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+
+import prometheus_client
+from opentelemetry import trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+
+RENDER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+
+
+class Telemetry:
+    """The instruments of one busscrape process."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.reader = PrometheusMetricReader(disable_target_info=True)
+        self.provider = MeterProvider(metric_readers=[self.reader],
+                                      resource=Resource.create({"service.name": f"busscrape-{service}"}))
+        meter = self.provider.get_meter("busscrape")
+        self.tasks = meter.create_counter("busscrape_tasks", description="Tasks a worker finished, by outcome")
+        self.render_duration = meter.create_histogram(
+            "busscrape_render_duration", unit="s", description="Time from fetching a task to its result published",
+            explicit_bucket_boundaries_advisory=list(RENDER_BUCKETS))
+        self.results_archived = meter.create_counter("busscrape_results_archived",
+                                                     description="Results an ingester archived")
+        self.archived_bytes = meter.create_counter("busscrape_archived_bytes",
+                                                   description="Bytes written to the archive")
+        self.dead_letters = meter.create_counter("busscrape_dead_letters",
+                                                 description="Dead letters filed, by stage and reason")
+        self._gauges: dict[str, list[Callable[[], Iterable[tuple[float, dict[str, str]]]]]] = {}
+        meter.create_observable_gauge("busscrape_in_flight", [self._observe("in_flight")],
+                                      description="Messages being worked on, by service")
+        meter.create_observable_gauge("busscrape_consumer_lag", [self._observe("lag")],
+                                      description="num_pending + num_ack_pending of a durable consumer")
+        meter.create_observable_counter("busscrape_browser_restarts", [self._observe("browser_restarts")],
+                                        description="Chromium relaunches after a crash or for recycling")
+
+    def _observe(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(value, attrs) for source in self._gauges.get(name, []) for value, attrs in source()]
+
+        return callback
+
+    def gauge(self, name: str, source: Callable[[], Iterable[tuple[float, dict[str, str]]]]) -> None:
+        """Report ``in_flight``, ``lag`` or ``browser_restarts`` from ``source`` at each scrape
+        (several sources may report one gauge, with different attributes)."""
+        self._gauges.setdefault(name, []).append(source)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition of this process."""
+        return prometheus_client.generate_latest(prometheus_client.REGISTRY)
+
+    def close(self) -> None:
+        """Stop exporting (the reader takes its collector out of the process registry)."""
+        with contextlib.suppress(Exception):  # shutting down twice is not worth a crash at exit
+            self.provider.shutdown()
+
+
+def configure_tracing(service: str) -> bool:
+    """Export spans over OTLP when the standard variables ask for it; returns whether it does.
+
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+    ``OTEL_TRACES_EXPORTER=otlp`` turn it on; everything else (sampler, headers, timeouts) the
+    SDK reads from the environment itself. Off by default: trace context still travels in the
+    message headers, so log lines carry the same trace id either way.
+    """
+    wanted = (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+              or os.environ.get("OTEL_TRACES_EXPORTER", "").lower() == "otlp")
+    if not wanted or os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": f"busscrape-{service}"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    return True
