@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
+import functools
+import json
 import random
 import struct
 import threading
@@ -43,28 +44,45 @@ def _png(seed: int, width: int = 160, height: int = 120) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
 
 
+@functools.lru_cache(maxsize=2048)
 def page_html(n: int, port: int) -> str:
+    """A page built like a real one: most bytes are markup and an inline state blob, the visible
+    part is an article of one to three thousand words (a few screens tall, not a wall of text)."""
     rng = random.Random(n)
     size = rng.randrange(50_000, 200_000)
     css = f"http://{ORIGINS[1]}:{port}/static/site.css"
     js = f"http://{ORIGINS[1]}:{port}/static/app.js"
-    images = "".join(f'<img src="http://{ORIGINS[2]}:{port}/img/{(n + i) % 40}.png" width=160 height=120 alt="">'
+    images = "".join(f'<figure class="media"><img src="http://{ORIGINS[2]}:{port}/img/{(n + i) % 40}.png" '
+                     f'width=160 height=120 alt="figure {i}"><figcaption>Figure {i}</figcaption></figure>'
                      for i in range(3))
-    parts = [f"<!doctype html><html><head><meta charset=utf-8><title>Bench page {n}</title>"
-             f'<link rel=stylesheet href="{css}"></head><body><header><h1>Page {n}</h1>{images}</header>'
-             f'<div id=app data-page="{n}"></div><main>']
-    length = sum(len(p) for p in parts)
-    i = 0
+    nav = "".join(f'<li class="nav-item"><a class="nav-link" href="/page/{(n + i) % 997}" data-track="nav-{i}">'
+                  f'{rng.choice(WORDS).title()} {i}</a></li>' for i in range(80))
+    article = []
+    for section in range(rng.randrange(6, 14)):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(120, 220)))
+        article.append(f'<section class="article-section" id="s{section}"><h2>Section {section}</h2>'
+                       f"<p>{words}</p></section>")
+    related = "".join(f'<div class="card"><a href="/page/{(n * 7 + i) % 997}"><span class="card-title">'
+                      f"{rng.choice(WORDS)} {i}</span></a></div>" for i in range(20))
+    footer = "".join(f'<a class="footer-link" href="/page/{(n + 3 * i) % 997}">link {i}</a>' for i in range(100))
+    head = (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>Bench page {n}</title>"
+            f'<meta name="viewport" content="width=device-width"><link rel=stylesheet href="{css}">'
+            f"<style>{SITE_CSS * 20}</style></head>")
+    body = (f'<body><header><nav><ul class="nav">{nav}</ul></nav><h1>Page {n}</h1></header>'
+            f'<main><article>{images}{"".join(article)}</article><div id=app data-page="{n}"></div>'
+            f'<aside class="related">{related}</aside></main><footer>{footer}</footer>')
+    page = head + body
+    # The rest is what frameworks inline for hydration: bytes the browser parses, nobody sees.
+    items, length = [], len(page)
     while length < size:
-        words = " ".join(rng.choice(WORDS) for _ in range(60))
-        digest = hashlib.md5(words.encode()).hexdigest()
-        block = (f"<h2>Section {i}</h2><p>{words}</p><table><tr><td>{i}</td><td>{digest}"
-                 f"</td></tr></table><a href=/page/{(n + i) % 997}>next</a>")
-        parts.append(block)
-        length += len(block)
-        i += 1
-    parts.append(f'</main><script src="{js}"></script></body></html>')
-    return "".join(parts)
+        item = json.dumps({"id": len(items), "name": " ".join(rng.choice(WORDS) for _ in range(8)),
+                           "tags": [rng.choice(WORDS) for _ in range(4)], "score": rng.random()},
+                          separators=(",", ":"))
+        items.append(item)
+        length += len(item) + 1
+    state = '{"page":%d,"items":[%s]}' % (n, ",".join(items))  # noqa: UP031 - JSON braces
+    return (page + f'<script id="__STATE__" type="application/json">{state}</script>'
+            f'<script src="{js}"></script></body></html>')
 
 
 APP_JS = """
@@ -77,7 +95,9 @@ document.addEventListener('DOMContentLoaded', () => {
   app.appendChild(ul);
 });
 """
-SITE_CSS = "body{font:14px sans-serif;margin:2em;max-width:1000px}h2{color:#335}table{border:1px solid #ccc}"
+SITE_CSS = ("body{font:15px/1.5 sans-serif;margin:0 auto;max-width:1000px}h2{color:#335}.nav{display:flex;"
+            "flex-wrap:wrap;list-style:none}.nav-item{margin:2px 6px}.card{display:inline-block;width:45%}"
+            ".media{display:inline-block;margin:4px}footer{font-size:12px}")
 
 
 class BenchSite:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: a venv with busscrape, nats-server, and a Chromium.
 #   scripts/bootstrap.sh            runtime + embedded nats-server (for `busscrape demo`)
-#   scripts/bootstrap.sh test       the same plus the test tools (pytest, moto, ruff …)
+#   scripts/bootstrap.sh test       the same plus the test tools (pytest, moto, ruff …) and PostgreSQL
 # Fast when everything is already there: it only re-installs when pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,4 +53,18 @@ if ! have_browser; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
   fi
   have_browser || { echo "no Chromium could be installed; set BUSSCRAPE_BROWSER__EXECUTABLE_PATH" >&2; exit 2; }
+fi
+
+# The search tests run the postgres backend against a real PostgreSQL: Debian's server binaries,
+# which the tests start themselves (initdb + postgres in a temporary folder on a free loopback port,
+# as the postgres user when run as root). The tests never use the cluster Debian's package may set up.
+have_postgres() {
+  command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+}
+if [[ "$extra" == "test" ]] && ! have_postgres; then
+  say "installing PostgreSQL (apt) for the search tests"
+  sudo=""; [[ "$(id -u)" != 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+  have_postgres || { echo "PostgreSQL could not be installed (apt-get install postgresql)" >&2; exit 2; }
 fi

@@ -6,6 +6,7 @@
 - ``applied``: the same, with ``streams apply`` done.
 - ``s3``: a real S3-protocol server (MinIO in Docker, else moto_server) for the session.
 - ``site``: a website served on 127.0.0.2 and 127.0.0.3 (distinct origins).
+- ``postgres`` / ``pg_dsn``: a real PostgreSQL for the session, a fresh database per test.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from busscrape.bus import Bus
 from busscrape.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
 
+from .support.postgres import PostgresServer
+from .support.postgres import skip_reason as postgres_skip_reason
 from .support.s3 import S3Server
 from .support.site import Site
 
@@ -99,3 +102,28 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 def site() -> Iterator[Site]:
     with Site() as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL for the session (skipped only when none is installed: bootstrap installs it)."""
+    reason = postgres_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def pg_dsn(postgres: PostgresServer) -> str:
+    """A fresh, empty database on that server, for one test."""
+    import asyncpg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin_conn = await asyncpg.connect(postgres.admin_dsn)
+    try:
+        await admin_conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin_conn.close()
+    return postgres.dsn(name)

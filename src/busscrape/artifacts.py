@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -29,7 +31,10 @@ from .messages import ArtifactRef
 from .subjects import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 
 CHUNK_SIZE = 256 * 1024
-_WINDOW = 16  # chunks in flight per object
+_WINDOW = 16  # chunks in flight per object when writing
+_READ_BATCH = 8  # chunks per batched direct get when reading (2 MiB)
+_READ_TIMEOUT = 30.0
+_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
 _ROLLUP = {"Nats-Rollup": "sub"}
 
 
@@ -89,7 +94,7 @@ class ArtifactStore:
             await self._purge_quietly(chunk_subject)
             raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc!r}") from None
         return ArtifactRef(name=file, kind=kind, object=name, size=len(data), sha256=digest.hex(),  # type: ignore[arg-type]
-                           content_type=content_type)
+                           content_type=content_type, nuid=nuid)
 
     async def _info(self, name: str) -> dict | None:
         try:
@@ -105,31 +110,33 @@ class ArtifactStore:
     async def stream(self, ref: ArtifactRef) -> AsyncIterator[bytes]:
         """Yield the object's bytes chunk by chunk; the sha256 and size are checked at the end.
 
+        Chunks come by batched direct gets (a few requests per object, no consumer to create):
+        up to ``_READ_BATCH`` chunks in flight, so memory stays bounded whatever the size.
         Raises ``ArtifactUnusable`` when the object is gone or does not match its claim check
         (dead-letter), ``StorageUnavailable`` when NATS does not answer (retry).
         """
-        try:
-            info = await self._info(ref.object)
-        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-            raise StorageUnavailable(f"cannot read artifact {ref.object}: {exc!r}") from None
-        if info is None:
-            raise ArtifactUnusable(f"artifact {ref.object} is not in {ARTIFACTS_BUCKET} (expired or deleted)",
-                                   reason="artifact_missing")
+        nuid = ref.nuid
+        if nuid is None:
+            try:
+                info = await self._info(ref.object)
+            except _NATS_ERRORS as exc:
+                raise StorageUnavailable(f"cannot read artifact {ref.object}: {exc!r}") from None
+            nuid = info["nuid"] if info else None
+        if nuid is None:
+            raise _missing(ref)
         digest = hashlib.sha256()
         size = 0
-        if info.get("size", 0) > 0:
-            sub = await self._js.subscribe(_chunk_subject(info["nuid"]), ordered_consumer=True)
-            try:
-                while size < info["size"]:
-                    try:
-                        msg = await sub.next_msg(timeout=30)
-                    except nats.errors.TimeoutError:
-                        raise StorageUnavailable(f"artifact {ref.object}: chunks stopped arriving") from None
-                    digest.update(msg.data)
-                    size += len(msg.data)
-                    yield msg.data
-            finally:
-                await sub.unsubscribe()
+        seq = 1
+        while size < ref.size:
+            batch = await self._chunks(_chunk_subject(nuid), seq, ref)
+            if not batch:
+                raise _missing(ref) if size == 0 else ArtifactUnusable(
+                    f"artifact {ref.object} ends after {size} of {ref.size} bytes", reason="artifact_truncated")
+            for next_seq, data in batch:
+                seq = next_seq + 1
+                digest.update(data)
+                size += len(data)
+                yield data
         if size != ref.size or digest.hexdigest() != ref.sha256:
             raise ArtifactUnusable(
                 f"artifact {ref.object} fails its checksum: {size} bytes sha256 {digest.hexdigest()[:16]}…, "
@@ -137,9 +144,44 @@ class ArtifactStore:
                 reason="artifact_checksum_mismatch",
             )
 
+    async def _chunks(self, subject: str, seq: int, ref: ArtifactRef) -> list[tuple[int, bytes]]:
+        """One batched direct get: the next chunks of ``subject`` from ``seq`` on (ADR-31)."""
+        inbox = self._nc.new_inbox()
+        got: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def collect(msg: Any) -> None:
+            got.put_nowait(msg)
+
+        sub = await self._nc.subscribe(inbox, cb=collect)
+        out: list[tuple[int, bytes]] = []
+        try:
+            request = orjson.dumps({"seq": seq, "next_by_subj": subject, "batch": _READ_BATCH})
+            await self._nc.publish(f"$JS.API.DIRECT.GET.{ARTIFACTS_STREAM}", request, reply=inbox)
+            while True:
+                try:
+                    msg = await asyncio.wait_for(got.get(), _READ_TIMEOUT)
+                except TimeoutError:
+                    raise StorageUnavailable(f"artifact {ref.object}: chunks stopped arriving") from None
+                if (msg.headers or {}).get("Status"):  # 204 end of batch, 404 nothing there
+                    return out
+                out.append((int(msg.headers["Nats-Sequence"]), msg.data))
+                if len(out) >= _READ_BATCH:
+                    return out
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
     async def read(self, ref: ArtifactRef) -> bytes:
         """The whole object (for small artifacts and tests)."""
         return b"".join([chunk async for chunk in self.stream(ref)])
+
+    async def release(self, ref: ArtifactRef) -> None:
+        """Delete an archived artifact: its meta and chunks purged, two requests (idempotent)."""
+        if ref.nuid is None:
+            await self.delete(ref.object)
+            return
+        await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(ref.object))
+        await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(ref.nuid))
 
     async def delete(self, name: str) -> None:
         """Delete an object (idempotent: a missing one is fine)."""
@@ -155,3 +197,8 @@ class ArtifactStore:
             await self._js.purge_stream(ARTIFACTS_STREAM, subject=subject)
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError):
             pass  # the bucket's TTL collects what is left
+
+
+def _missing(ref: ArtifactRef) -> ArtifactUnusable:
+    return ArtifactUnusable(f"artifact {ref.object} is not in {ARTIFACTS_BUCKET} (expired or deleted)",
+                            reason="artifact_missing")

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from playwright.async_api import Browser, BrowserContext, Playwright, async_playwright
+from playwright.async_api import Browser, Playwright, async_playwright
 from playwright.async_api import Error as PlaywrightError
 
 from .chromium import launch_args, require_chromium
 from .errors import BrowserCrashed
 from .settings import BrowserSettings
+from .tabs import Tab
 
 log = structlog.get_logger("busscrape.browser")
 
@@ -41,7 +42,7 @@ class BrowserPool:
     """Launches and supervises the worker's Chromium. Async context manager; enter once."""
 
     def __init__(self, settings: BrowserSettings, *, proxy_url: str | None, recycle_after_tasks: int,
-                 recycle_rss: int) -> None:
+                 recycle_rss: int, isolation: str = "tab", tab_max_uses: int = 100) -> None:
         self.settings = settings
         self.proxy_url = proxy_url
         self.recycle_after_tasks = recycle_after_tasks
@@ -58,6 +59,10 @@ class BrowserPool:
         self._launch_lock = asyncio.Lock()
         self._recycling = False
         self._entered = False
+        self.isolation = isolation
+        self.tab_max_uses = tab_max_uses
+        self._tabs: dict[str | None, list[Tab]] = {}
+        self._wiping: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> BrowserPool:
         if self._entered:
@@ -97,6 +102,13 @@ class BrowserPool:
                  pool=self._marker.split("=", 1)[1])
 
     async def _close_browser(self) -> None:
+        for wipe in list(self._wiping):
+            wipe.cancel()
+        await asyncio.gather(*self._wiping, return_exceptions=True)
+        tabs = [t for ts in self._tabs.values() for t in ts]
+        self._tabs.clear()
+        for tab in tabs:
+            await tab.close()
         browser, self._browser = self._browser, None
         if browser is not None:
             with contextlib.suppress(Exception):
@@ -124,24 +136,78 @@ class BrowserPool:
     # -- contexts ---------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def context(self, **options: Any) -> AsyncIterator[BrowserContext]:
-        """A fresh, isolated context (no cookies, storage or cache shared with other tasks)."""
+    async def tab(self, *, user_agent: str | None = None) -> AsyncIterator[Tab]:
+        """An isolated tab for one task: a wiped, reused one (``isolation="tab"``) or a fresh
+        context (``isolation="context"``). Nothing one task leaves is visible to the next."""
         browser = await self._ensure()
-        try:
-            ctx = await browser.new_context(accept_downloads=False, service_workers="block", **options)
-        except PlaywrightError as exc:
-            raise BrowserCrashed(f"cannot open a browser context: {exc.message}") from None
+        tab = await self._idle_tab(user_agent)
+        if tab is None:
+            try:
+                tab = await Tab.open(browser, user_agent=user_agent, generation=self.restarts)
+            except PlaywrightError as exc:
+                raise BrowserCrashed(f"cannot open a browser context: {exc.message}") from None
         self._open += 1
         self._tasks_since_launch += 1
         try:
-            yield ctx
+            yield tab
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ctx.close(), 10)
-            self._open -= 1
-            self._check_age()
-            async with self._idle:
-                self._idle.notify_all()
+            if self._reusable(tab):
+                # Wipe after the task has left: its result need not wait for the clean-up.
+                wipe = asyncio.create_task(self._wipe(tab))
+                self._wiping.add(wipe)
+                wipe.add_done_callback(self._wiping.discard)
+            else:
+                await self._retire(tab)
+
+    async def prewarm(self, count: int) -> None:
+        """Open ``count`` tabs ahead of the first tasks (a new tab costs a renderer start)."""
+        if self.isolation != "tab":
+            return
+        browser = await self._ensure()
+        opened = await asyncio.gather(*(Tab.open(browser, user_agent=None, generation=self.restarts)
+                                        for _ in range(count)), return_exceptions=True)
+        self._tabs.setdefault(None, []).extend(t for t in opened if isinstance(t, Tab))
+
+    async def _idle_tab(self, user_agent: str | None) -> Tab | None:
+        while True:
+            tabs = self._tabs.get(user_agent, [])
+            while tabs:
+                tab = tabs.pop()
+                if tab.generation == self.restarts and self.up:
+                    return tab
+                await tab.close()
+            if not self._wiping:
+                return None
+            # A tab is being wiped: waiting for it beats opening a new one (~4x the cost).
+            await asyncio.wait(set(self._wiping), return_when=asyncio.FIRST_COMPLETED)
+
+    def _reusable(self, tab: Tab) -> bool:
+        return (self.isolation == "tab" and not tab.broken and tab.uses < self.tab_max_uses
+                and tab.generation == self.restarts and self.up and not self._recycling)
+
+    async def _wipe(self, tab: Tab) -> None:
+        try:
+            await tab.wipe()
+        except Exception as exc:
+            log.warning("tab.discarded", error=str(exc)[:200])
+            await self._retire(tab)
+            return
+        if self._reusable(tab):
+            self._tabs.setdefault(tab.user_agent, []).append(tab)
+            await self._done(tab)
+        else:
+            await self._retire(tab)
+
+    async def _retire(self, tab: Tab) -> None:
+        await tab.close()
+        await self._done(tab)
+
+    async def _done(self, tab: Tab) -> None:
+        """A task's tab is back (idle or closed): count it, and maybe recycle the browser."""
+        self._open -= 1
+        self._check_age()
+        async with self._idle:
+            self._idle.notify_all()
 
     def _check_age(self) -> None:
         if self._recycling:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -58,12 +57,10 @@ class HarRecorder:
         page.on("requestfinished", self._on_finished)
         page.on("requestfailed", self._on_failed)
 
-    def detach(self) -> None:
-        for event, handler in (("request", self._on_request), ("response", self._on_response),
-                               ("requestfinished", self._on_finished),
-                               ("requestfailed", self._on_failed)):
-            with contextlib.suppress(Exception):
-                self._page.remove_listener(event, handler)
+    def listeners(self) -> list[tuple[str, Any]]:
+        """The page listeners this recorder added (to remove when the task leaves the tab)."""
+        return [("request", self._on_request), ("response", self._on_response),
+                ("requestfinished", self._on_finished), ("requestfailed", self._on_failed)]
 
     # -- events -----------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from .artifacts import ArtifactStore
 from .bus import Bus
 from .errors import MessageDecodeError, PermanentError, RetryableError, StreamsMissing
 from .messages import DeadLetter, ScrapeResult, decode, encode
+from .search_feed import SearchFeed
 from .service import PullService, _quiet
 from .settings import Settings
 from .storage import Storage
@@ -217,6 +218,7 @@ class Ingester(PullService):
         self.archiver = Archiver(storage, self.artifacts, prefix=s.archive.prefix, compress=s.archive.compress)
         self.backoff = (cfg.retry_base_delay, cfg.retry_max_delay)
         self.board = StatusBoard(bus.js)
+        self.search = SearchFeed(s, storage, self.counters)  # best effort, off the hot path (search_feed)
         self.archivist = Archivist(bus, storage, prefix=s.archive.prefix, backoff=self.backoff,
                                    grace_period=cfg.grace_period, telemetry=telemetry)
 
@@ -229,6 +231,10 @@ class Ingester(PullService):
                 f"the durable consumer {DEADLETTER_STREAM}/{ARCHIVIST_CONSUMER} does not exist. Run "
                 "`busscrape streams apply` against the same NATS server first"
             ) from None
+        await self.search.start()
+
+    async def teardown(self) -> None:
+        await self.search.close()
 
     def stop(self) -> None:
         """First call drains (results and dead letters), second stops now."""
@@ -304,6 +310,7 @@ class Ingester(PullService):
                                            dispatched_at=result.dispatched_at, attempt=result.attempt,
                                            status=result.status, worker=result.worker,
                                            archive=f"{self.storage.url.rstrip('/')}/{done.plan.folder}"))
+        self.search.archived(result, done.plan)
         await self._release(result, fields)
 
     async def _give_up(self, msg: Msg, letter: DeadLetter, msg_id: str, counter: str, **fields: Any) -> None:
@@ -317,7 +324,7 @@ class Ingester(PullService):
         await _quiet(msg.ack_sync())
 
     async def _release(self, result: ScrapeResult, fields: dict[str, Any]) -> None:
-        outcomes = await asyncio.gather(*(self.artifacts.delete(ref.object) for ref in result.artifacts),
+        outcomes = await asyncio.gather(*(self.artifacts.release(ref) for ref in result.artifacts),
                                         return_exceptions=True)
         failed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
         if failed:

@@ -121,6 +121,8 @@ class ArtifactRef(_Model):
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     content_type: str
+    nuid: str | None = None
+    """Where the object's chunks are (``$O.ARTIFACTS.C.<nuid>``): lets the reader skip a lookup."""
 
 
 class ScrapeResult(Message):

@@ -10,6 +10,7 @@ oversize pages are dead-lettered, a crashed tab or browser is retried on a fresh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from playwright.async_api import BrowserContext, Page, Response, Route
 from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import Page, Request, Response, Route
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from . import tracing
@@ -41,6 +42,7 @@ from .page_steps import run_steps
 from .politeness import HostGate
 from .settings import WorkerSettings
 from .statuses import StatusPolicy
+from .tabs import Tab
 
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "text": "text/plain; charset=utf-8",
                  "har": "application/json", "png": "image/png", "jpeg": "image/jpeg"}
@@ -145,13 +147,10 @@ class Renderer:
     async def render(self, task: ScrapeTask) -> Rendered:
         opts = task.options
         await self.policy.check_url(task.url)
-        context_options = {"viewport": {"width": opts.viewport.width, "height": opts.viewport.height},
-                           "extra_http_headers": dict(opts.headers) or None}
-        if opts.user_agent:
-            context_options["user_agent"] = opts.user_agent
-        async with self.pool.context(**context_options) as ctx:
+        async with self.pool.tab(user_agent=opts.user_agent) as tab:
             try:
-                return await self._render_in(ctx, task)
+                await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
+                return await self._render_in(tab, task)
             except PlaywrightTimeout as exc:
                 raise NavigationTimeout(f"{task.url}: {_first_line(exc)}", reason="page_timeout") from None
             except PlaywrightError as exc:
@@ -162,7 +161,17 @@ class Renderer:
                         raise BrowserCrashed(f"{task.url}: {message}", reason=reason) from None
                 raise PageNetworkError(f"{task.url}: {message}", reason="page_error") from None
 
-    async def _render_in(self, ctx: BrowserContext, task: ScrapeTask) -> Rendered:
+    async def _render_in(self, tab: Tab, task: ScrapeTask) -> Rendered:
+        """Render on a tab; the listeners of this task leave with it (the tab is reused)."""
+        listeners: list[tuple[str, Any]] = []
+        try:
+            return await self._visit(tab, task, listeners)
+        finally:
+            for event, handler in listeners:
+                with contextlib.suppress(Exception):
+                    tab.page.remove_listener(event, handler)
+
+    async def _visit(self, tab: Tab, task: ScrapeTask, listeners: list[tuple[str, Any]]) -> Rendered:
         opts = task.options
         started = time.perf_counter()
         since = time.monotonic()
@@ -176,13 +185,16 @@ class Renderer:
                 else:
                     await route.fallback()
 
-            await ctx.route("**/*", block)
-        page = await ctx.new_page()
+            await tab.context.route("**/*", block)
+        page = tab.page
         page.set_default_timeout(nav_timeout)
-        ctx.on("page", lambda popup: self._spawn(popup.close()) if popup != page else None)
-        page.on("dialog", lambda dialog: self._spawn(dialog.dismiss()))
         failed: list[tuple[str, str]] = []
-        page.on("requestfailed", lambda r: failed.append((r.url, r.failure or "")))
+
+        def on_failed(request: Request) -> None:
+            failed.append((request.url, request.failure or ""))
+
+        page.on("requestfailed", on_failed)
+        listeners.append(("requestfailed", on_failed))
         oversize: list[int] = []
 
         def check_size(response: Response) -> None:
@@ -195,7 +207,10 @@ class Renderer:
                 self._spawn(page.close())
 
         page.on("response", check_size)
+        listeners.append(("response", check_size))
         har = HarRecorder(page, embed_bodies=opts.har_content == "embed") if "har" in opts.artifacts else None
+        if har is not None:
+            listeners.extend(har.listeners())
 
         if self.gate is not None:
             await self.gate.pace(urlsplit(task.url).hostname or "")

@@ -8,8 +8,10 @@ aborted if anything fails before it is complete, so a key never shows part of an
 compressed by the archive carry ``Content-Encoding: gzip`` beside the original ``Content-Type``.
 
 Entering checks the endpoint and creates the bucket when missing: an endpoint that does not
-answer is a ``ConfigurationError`` (exit 2), refused credentials ``AuthenticationFailed``
-(exit 3). After that every failure is ``StorageUnavailable``: the ingester naks and retries.
+answer is a ``ConfigurationError`` (exit 2), and so is one whose TLS certificate does not verify
+against ``BUSSCRAPE_S3__CA_FILE`` (or the system's CAs); refused credentials are
+``AuthenticationFailed`` (exit 3). After that every failure is ``StorageUnavailable``: the
+ingester naks and retries. The keys come from the settings only and never appear in a message.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp_retry import ExponentialRetry, RetryClient
 from miniopy_async import Minio
 from miniopy_async.error import MinioException, S3Error
 
+from . import tls
 from .errors import AuthenticationFailed, BusscrapeError, ConfigurationError, StorageUnavailable
 from .settings import S3Settings
 from .storage import Storage
@@ -65,9 +68,13 @@ class S3Storage(Storage):
 
     async def open(self) -> None:
         cfg = self.cfg
-        if cfg.ca_file is not None and not cfg.ca_file.is_file():
-            raise ConfigurationError(f"BUSSCRAPE_S3__CA_FILE: {cfg.ca_file} is not a readable file")
-        context = ssl.create_default_context(cafile=str(cfg.ca_file) if cfg.ca_file else None)
+        if cfg.ca_file is not None and not self.secure:
+            # A CA that is never used would leave the archive on plain HTTP without a word.
+            raise ConfigurationError(
+                f"BUSSCRAPE_S3__CA_FILE is set but TLS is off for {self.endpoint}: set BUSSCRAPE_S3__SECURE=true "
+                "(or an https:// BUSSCRAPE_S3__ENDPOINT), or unset BUSSCRAPE_S3__CA_FILE"
+            )
+        context = tls.client_context(cfg.ca_file, "BUSSCRAPE_S3__CA_FILE")
         # Room for every upload plus the small reads and deletes beside them.
         connector = aiohttp.TCPConnector(limit=self.max_uploads + 4, ssl=context if self.secure else False)
         session = RetryClient(
@@ -108,11 +115,16 @@ class S3Storage(Storage):
                     "BUSSCRAPE_S3__ACCESS_KEY and BUSSCRAPE_S3__SECRET_KEY, and that they may use that bucket"
                 ) from None
             raise ConfigurationError(f"{where}: cannot use bucket {self.bucket} ({exc.code}: {exc.message})") from None
+        # Before ValueError: a certificate that does not verify is one too (ssl.CertificateError).
+        except (aiohttp.ClientSSLError, ssl.SSLError) as exc:
+            raise _tls_failure(self.cfg, where, exc) from None
         except ValueError as exc:  # miniopy-async checks names before it sends anything
             raise ConfigurationError(f"BUSSCRAPE_S3__BUCKET {self.bucket!r}: {exc}") from None
         except _FAILURES as exc:
+            hint = ("; if it serves HTTPS, set BUSSCRAPE_S3__SECURE=true"
+                    if not self.secure and isinstance(exc, aiohttp.ServerDisconnectedError) else "")
             raise ConfigurationError(
-                f"cannot reach {where} ({exc!r}); start it, or fix BUSSCRAPE_S3__ENDPOINT (unset, the archive "
+                f"cannot reach {where} ({exc!r}{hint}); start it, or fix BUSSCRAPE_S3__ENDPOINT (unset, the archive "
                 "goes to a local folder)"
             ) from None
 
@@ -169,6 +181,22 @@ class S3Storage(Storage):
             return sorted([obj.object_name async for obj in listing if obj.object_name])
         except _FAILURES as exc:
             raise StorageUnavailable(f"cannot list {self.url}/{prefix}: {_describe(exc)}") from None
+
+
+def _tls_failure(cfg: S3Settings, where: str, exc: BaseException) -> ConfigurationError:
+    """Exit 2 with what to fix: the CA to trust, or TLS itself (an endpoint that speaks plain HTTP)."""
+    cause = getattr(exc, "certificate_error", None) or getattr(exc, "os_error", None) or exc
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        trusted = f"now {cfg.ca_file}" if cfg.ca_file else "now the system's CAs"
+        return ConfigurationError(
+            f"TLS verification of {where} failed ({tls.reason(cause)}): set BUSSCRAPE_S3__CA_FILE to the CA that "
+            f"signed its certificate ({trusted}), or use the host name the certificate was issued for in "
+            "BUSSCRAPE_S3__ENDPOINT"
+        )
+    return ConfigurationError(
+        f"TLS with {where} failed ({tls.reason(cause)}); check that the endpoint serves HTTPS (else set "
+        "BUSSCRAPE_S3__SECURE=false) and BUSSCRAPE_S3__CA_FILE"
+    )
 
 
 def _describe(exc: BaseException) -> str:

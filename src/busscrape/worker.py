@@ -83,8 +83,9 @@ class Worker(PullService):
         w = self.settings.worker
         self.pool = await self._stack.enter_async_context(
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
-                        recycle_rss=w.recycle_rss))
+                        recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses))
         self.renderer = Renderer(self.pool, self.policy, egress, w, self.gate)
+        await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
             pool = self.pool
             self.telemetry.gauge("browser_restarts", lambda: [(pool.restarts, {})])
@@ -171,16 +172,16 @@ class Worker(PullService):
         except TimeoutError:
             raise NavigationTimeout(f"task took longer than task_timeout {self.settings.worker.task_timeout:.0f}s",
                                     reason="task_timeout") from None
-        refs: list[ArtifactRef] = []
         with tracing.span("upload artifacts", count=len(rendered.captures)):
-            try:
-                for capture in rendered.captures:
-                    name = object_name(task.task_id, seq, attempt, capture.file)
-                    refs.append(await self.artifacts.put(name, capture.data, capture.content_type,
-                                                         kind=capture.kind, file=capture.file))
-            except StorageUnavailable:
-                await self._drop(refs)
-                raise
+            # All at once: a task's latency pays one object-store round trip, not one per artifact.
+            stored = await asyncio.gather(*(
+                self.artifacts.put(object_name(task.task_id, seq, attempt, c.file), c.data, c.content_type,
+                                   kind=c.kind, file=c.file) for c in rendered.captures), return_exceptions=True)
+        refs = [r for r in stored if isinstance(r, ArtifactRef)]
+        failed = [r for r in stored if isinstance(r, BaseException)]
+        if failed:
+            await self._drop(refs)
+            raise failed[0] if isinstance(failed[0], StorageUnavailable) else StorageUnavailable(repr(failed[0]))
         return ScrapeResult(
             task_id=task.task_id, task_seq=seq, url=task.url, original_url=task.original_url,
             final_url=rendered.final_url, status=rendered.status, redirect_chain=rendered.redirect_chain,
@@ -211,7 +212,7 @@ class Worker(PullService):
     async def _drop(self, refs: tuple[ArtifactRef, ...] | list[ArtifactRef]) -> None:
         for ref in refs:
             try:
-                await self.artifacts.delete(ref.object)
+                await self.artifacts.release(ref)
             except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
                 pass  # the bucket's TTL collects it
 

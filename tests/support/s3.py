@@ -1,7 +1,9 @@
 """A real S3-protocol server on loopback: MinIO in Docker when an engine answers, else moto.
 
 Either way clients reach it through a ``TcpProxy``, so a test can take the endpoint down
-(connection refused) and bring it back with every stored object intact.
+(connection refused) and bring it back with every stored object intact. With ``tls`` (a
+certificate and key, e.g. from ``support.pki``) it is moto serving HTTPS: the proxy forwards
+raw TCP, so TLS passes through it end to end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 from .net import TcpProxy, free_port, wait_port
+from .pki import Issued
 
 ACCESS_KEY = "busscrape-test"
 SECRET_KEY = "busscrape-test-secret-key"
@@ -31,9 +34,12 @@ def docker_available() -> bool:
 class S3Server:
     """Start with ``start()``, stop with ``stop()``; ``outage()``/``restore()`` toggle the endpoint."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, tls: Issued | None = None, check_credentials: bool = False) -> None:
         self.workdir = workdir
-        self.kind = "minio" if docker_available() else "moto"
+        self.tls = tls
+        # moto accepts any key unless told otherwise; checked, only a key it issued is accepted.
+        self.check_credentials = check_credentials
+        self.kind = "minio" if tls is None and not check_credentials and docker_available() else "moto"
         self._process: subprocess.Popen[bytes] | None = None
         self._container = None
         self.proxy: TcpProxy | None = None
@@ -56,14 +62,43 @@ class S3Server:
         else:
             host, port = "127.0.0.1", free_port()
             moto = Path(sys.executable).parent / "moto_server"
+            args = [str(moto), "-H", host, "-p", str(port)]
+            if self.tls is not None:
+                args += ["--ssl-cert", str(self.tls.cert), "--ssl-key", str(self.tls.key)]
             log = open(self.workdir / "moto.log", "ab")
-            self._process = subprocess.Popen([str(moto), "-H", host, "-p", str(port)], stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+            self._process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             log.close()
         wait_port(host, port, timeout=60)
         self.proxy = TcpProxy(host, port)
         self.proxy.up()
+        if self.check_credentials:
+            self._require_credentials()
         return self
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
+    def _require_credentials(self) -> None:
+        """moto: an IAM user allowed everything, its key pair as ours, then every request checked."""
+        import json
+        import ssl
+        import urllib.request
+
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="setup",
+                           aws_secret_access_key="setup", verify=str(self.tls.ca) if self.tls else None)
+        iam.create_user(UserName="busscrape")
+        iam.put_user_policy(UserName="busscrape", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="busscrape")["AccessKey"]
+        self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
+        context = ssl.create_default_context(cafile=str(self.tls.ca)) if self.tls else None
+        request = urllib.request.Request(f"{self.url}/moto-api/reset-auth", data=b"0", method="POST",
+                                         headers={"Content-Type": "text/plain"})
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            response.read()
 
     @property
     def endpoint(self) -> str:
@@ -94,7 +129,7 @@ class S3Server:
     def settings(self, bucket: str) -> dict[str, object]:
         """The ``s3`` settings section that points at this server."""
         return {"endpoint": self.endpoint, "access_key": self.access_key, "secret_key": self.secret_key,
-                "bucket": bucket, "secure": False}
+                "bucket": bucket, "secure": self.tls is not None}
 
 
 def wait_http(url: str, timeout: float = 30) -> None:

@@ -17,5 +17,8 @@ from . import run as _run  # noqa: F401  isort: skip
 from . import demo as _demo  # noqa: F401  isort: skip
 from . import status as _status  # noqa: F401  isort: skip
 from . import dlq as _dlq  # noqa: F401  isort: skip
+from . import task as _task  # noqa: F401  isort: skip
+from . import search as _search  # noqa: F401  isort: skip
+from . import api as _api  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]

@@ -1,0 +1,244 @@
+"""Benchmark: busscrape end to end vs the bare browser vs Crawlee, on the same pages.
+
+In one run, on the same pages of bench/site.py and the same concurrency (C pages at once):
+
+(a) ``busscrape run``: dispatch, render, HTML + text + screenshot + HAR, archive to a local
+    folder — timed from the first task's dispatch to the last archive (read back from the
+    STATUS bucket of the run's own embedded NATS store);
+(b) a bare Playwright loop doing the same captures with the same per-task isolation (the same
+    reusable-tab scheme, busscrape.tabs) and nothing else: no bus, no network-policy proxy, no
+    object store, no archive — the practical limit;
+(c) Crawlee for Python's PlaywrightCrawler doing HTML + screenshot with the same Chromium and
+    concurrency (run from a separate venv, see bench/crawlee_peer.py).
+
+Then a latency phase: tasks dispatched one at a time, slower than the fleet can render, so
+none waits in the queue; the bus overhead of a task is dispatch→archived minus its render time.
+
+    .venv/bin/python bench/e2e.py --pages 200 --concurrency 4 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from playwright.async_api import async_playwright
+
+from bench.benchsite import ORIGINS, BenchSite
+from busscrape import streams as admin
+from busscrape import subjects, topology
+from busscrape.browser import JS_HEAP_MB
+from busscrape.bus import Bus
+from busscrape.chromium import launch_args, require_chromium
+from busscrape.daemons import Daemons
+from busscrape.har import HarRecorder
+from busscrape.messages import ScrapeResult, ScrapeTask, decode, encode, task_key, utcnow
+from busscrape.nats_server import EmbeddedNatsServer
+from busscrape.settings import BrowserSettings, Settings, WorkerSettings
+from busscrape.tabs import Tab
+from busscrape.taskstatus import StatusBoard
+from busscrape.tracker import Tracker
+
+ROOT = Path(__file__).resolve().parents[1]
+CAP = WorkerSettings().max_screenshot_height
+
+
+def settings_for(workdir: Path, concurrency: int, nats_url: str | None = None) -> Settings:
+    return Settings(state_dir=workdir / "state", nats={"url": nats_url},
+                    network={"allow": [f"{o}/32" for o in ORIGINS]},
+                    worker={"concurrency": concurrency, "host_concurrency": concurrency},
+                    telemetry={"http_port": None, "log_level": "warning"})
+
+
+# -- (a) busscrape run ------------------------------------------------------------------------
+
+
+def busscrape_run(urls_file: Path, workdir: Path, concurrency: int) -> float:
+    """Pages/s of `busscrape run`, first dispatch to last archive."""
+    from busscrape.settings import settings_env
+
+    env = settings_env(settings_for(workdir, concurrency))
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "busscrape", "run", str(urls_file), "--workers", "1"],
+                          env=env, cwd=workdir, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"busscrape run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return asyncio.run(_span_from_status(workdir))
+
+
+async def _span_from_status(workdir: Path) -> float:
+    with EmbeddedNatsServer(workdir / "state" / "nats") as server:
+        settings = settings_for(workdir, 1, server.url)
+        async with await Bus.connect(settings, name="bench-e2e") as bus:
+            kv = await bus.js.key_value(subjects.STATUS_BUCKET)
+            board = StatusBoard(bus.js)
+            first, last, count = None, None, 0
+            for key in await kv.keys():
+                for status in await board.history(key):
+                    if status.state == "archived":
+                        count += 1
+                        last = max(last or status.at, status.at)
+                        if status.dispatched_at:
+                            first = min(first or status.dispatched_at, status.dispatched_at)
+    assert first and last
+    return count / (last - first).total_seconds()
+
+
+# -- (b) bare Playwright ------------------------------------------------------------------------
+
+
+async def bare_loop(urls: list[str], concurrency: int) -> float:
+    """Pages/s of Playwright alone: same captures, same isolation, nothing else."""
+    browser_settings = BrowserSettings()
+    binary = require_chromium(browser_settings)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=binary.path, args=launch_args(
+            browser_settings, (f"--js-flags=--max-old-space-size={JS_HEAP_MB}",)))
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        for url in urls:
+            queue.put_nowait(url)
+
+        async def slot() -> None:
+            tab = await Tab.open(browser, user_agent=None, generation=0)
+            while not queue.empty():
+                url = queue.get_nowait()
+                await tab.begin(viewport=(1280, 800), headers={})
+                har = HarRecorder(tab.page, embed_bodies=False)
+                await tab.page.goto(url, wait_until="load")
+                await tab.page.evaluate("() => [document.title, document.body.innerText]")
+                await tab.page.content()
+                height = await tab.page.evaluate("() => document.documentElement.scrollHeight")
+                if height <= CAP:
+                    await tab.page.screenshot(full_page=True)
+                else:
+                    await tab.page.set_viewport_size({"width": 1280, "height": CAP})
+                    await tab.page.screenshot()
+                    await tab.page.set_viewport_size({"width": 1280, "height": 800})
+                await har.settle()
+                har.build(browser_version=browser.version, page_timings={}, max_bytes=10**9)
+                for event, handler in har.listeners():
+                    tab.page.remove_listener(event, handler)
+                await tab.wipe()
+            await tab.close()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(slot() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        await browser.close()
+    return len(urls) / elapsed
+
+
+# -- (c) Crawlee --------------------------------------------------------------------------------
+
+
+def crawlee(urls_file: Path, concurrency: int, python: str) -> float:
+    binary = require_chromium(BrowserSettings())
+    cmd = [python, str(ROOT / "bench" / "crawlee_peer.py"), str(urls_file), "--concurrency", str(concurrency),
+           "--cap", str(CAP), "--args", " ".join(launch_args(BrowserSettings()))]
+    if binary.path:
+        cmd += ["--chromium", binary.path]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"crawlee failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["pages"] / out["seconds"]
+
+
+# -- latency ------------------------------------------------------------------------------------
+
+
+async def latency(urls: list[str], workdir: Path, concurrency: int, every: float) -> dict[str, list[float]]:
+    """Bus overhead per task (ms): dispatch→archived minus render, with no queueing; and where it
+    goes: dispatch→worker start, worker start→result published (minus render), result→archived."""
+    with EmbeddedNatsServer(workdir / "state" / "nats") as server:
+        settings = settings_for(workdir, concurrency, server.url)
+        async with await Bus.connect(settings, name="bench-latency") as bus:
+            await admin.apply(bus.js, topology.load(settings))
+            tracker = Tracker(bus.js)
+            await tracker.start()
+            async with Daemons(settings, workers=1):
+                await asyncio.sleep(5)  # the worker's browser is up before the first task
+                dispatched = {}
+                for url in urls:
+                    task = ScrapeTask(task_id=task_key(url), url=url, original_url=url, dispatched_at=utcnow())
+                    await bus.js.publish(subjects.seen_key_subject(task.task_id), encode(task),
+                                         headers={subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"})
+                    dispatched[task.task_id] = task.dispatched_at
+                    tracker.expect(task.task_id, None)
+                    await asyncio.sleep(every)
+                while not tracker.done:
+                    await tracker.changed(1)
+            await tracker.stop()
+            renders = {}
+            info = await bus.js.stream_info(subjects.RESULTS_STREAM)
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+                result = decode(ScrapeResult, (await bus.js.get_msg(subjects.RESULTS_STREAM, seq)).data)
+                renders[result.task_id] = result.timings["total"]
+            board = StatusBoard(bus.js)
+            phases: dict[str, list[float]] = {"overhead": [], "to worker": [], "in worker": [], "to archive": []}
+            for task_id in tracker.final:
+                at = {s.state: s.at for s in await board.history(task_id)}
+                ms = {k: (v - dispatched[task_id]).total_seconds() * 1000 for k, v in at.items()}
+                phases["overhead"].append(ms["archived"] - renders[task_id])
+                phases["to worker"].append(ms["running"])
+                phases["in worker"].append(ms["rendered"] - ms["running"] - renders[task_id])
+                phases["to archive"].append(ms["archived"] - ms["rendered"])
+    return phases
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pages", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--latency-tasks", type=int, default=40)
+    parser.add_argument("--latency-every", type=float, default=1.5, help="seconds between latency-phase tasks")
+    parser.add_argument("--crawlee-python", default=str(ROOT / ".venv-crawlee" / "bin" / "python"))
+    args = parser.parse_args()
+    with BenchSite(pages=997) as site, tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        urls = site.urls(args.pages)
+        asyncio.run(bare_loop(urls[:8], args.concurrency))  # warm disk caches and the site's page cache
+        ratios_b, ratios_c = [], []
+        for r in range(args.rounds):
+            urls_file = tmpdir / f"urls-{r}.txt"
+            # Each round scrapes fresh URLs for busscrape (no "already seen"); same pages otherwise.
+            urls_file.write_text("".join(f"{u}&round={r}\n" for u in urls))
+            bare = asyncio.run(bare_loop(urls, args.concurrency))
+            peer = crawlee(urls_file, args.concurrency, args.crawlee_python) \
+                if Path(args.crawlee_python).exists() else None
+            bus = busscrape_run(urls_file, tmpdir / f"run-{r}", args.concurrency)
+            ratios_b.append(bus / bare)
+            if peer:
+                ratios_c.append(bus / peer)
+            print(f"round {r + 1}: (a) busscrape {bus:.2f} pages/s  (b) bare Playwright {bare:.2f}  "
+                  f"(c) Crawlee {peer:.2f}  a/b={bus / bare:.2f}" + (f"  a/c={bus / peer:.2f}" if peer else ""),
+                  flush=True)
+        phases = asyncio.run(latency(site.urls(args.latency_tasks + 1000)[1000:], tmpdir / "latency",
+                                     args.concurrency, args.latency_every))
+        overheads = phases.pop("overhead")
+        print(f"pages={args.pages} concurrency={args.concurrency}: median a/b={statistics.median(ratios_b):.2f} "
+              f"(target >= 0.9)" + (f", a/c={statistics.median(ratios_c):.2f} (target >= 1.2)" if ratios_c else ""))
+        print(f"bus overhead per task over {len(overheads)} tasks: p50={percentile(overheads, 0.5):.0f} ms "
+              f"(target <= 50), p99={percentile(overheads, 0.99):.0f} ms (target <= 250); p50 by phase: "
+              + ", ".join(f"{name} {percentile(values, 0.5):.0f} ms" for name, values in phases.items()))
+
+
+if __name__ == "__main__":
+    main()

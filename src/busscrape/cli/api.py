@@ -1,0 +1,37 @@
+"""``busscrape api``: the HTTP API (``busscrape.api``) until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import typer
+
+from ..api import ApiServer
+from ..bus import Bus
+from ..settings import Settings
+from .app import app, run, serve, settings
+
+HELP = """Serve the HTTP API: POST /tasks (queue URLs as dispatch does), GET /tasks/{id} and
+GET /tasks?url= (a task's history), GET /search?q= (the archive's full-text index), GET /healthz,
+and the OpenAPI document at /openapi.json.
+
+With BUSSCRAPE_API__TOKEN set, every request but /healthz and /openapi.json needs
+`Authorization: Bearer <token>`. Bodies over BUSSCRAPE_API__MAX_BODY_BYTES are refused (413).
+SIGTERM/SIGINT stop listening and give requests in flight 5 s. Exit codes: 0 stopped; 2 cannot
+connect, streams missing, or the address is taken.
+"""
+
+
+@app.command("api", help=HELP)
+def api_cmd(
+    host: str | None = typer.Option(None, "--host", help="Address to listen on (default: BUSSCRAPE_API__HOST, "
+                                    "127.0.0.1)."),
+    port: int | None = typer.Option(None, "--port", min=0, max=65535, help="Port (default: BUSSCRAPE_API__PORT, "
+                                    "8080; 0 picks a free one)."),
+    nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
+) -> None:
+    s = settings(nats={"url": nats_url}, api={"host": host, "port": port})
+    raise typer.Exit(run(_serve(s)))
+
+
+async def _serve(s: Settings) -> int:
+    async with await Bus.connect(s, name="busscrape-api") as bus:
+        return await serve(ApiServer(bus, s))

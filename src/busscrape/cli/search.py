@@ -1,0 +1,106 @@
+"""``busscrape search "QUERY"``: ranked full-text search of the archived pages (``search_index``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import typer
+from rich.console import Group
+from rich.text import Text
+
+from ..errors import EXIT_CONFIG, EXIT_OK
+from ..search_feed import reindex
+from ..search_index import (
+    MARK_END,
+    MARK_START,
+    InvalidQuery,
+    SearchHit,
+    SearchQuery,
+    SearchUnavailable,
+    open_index,
+    parse_since,
+)
+from ..settings import Settings
+from ..storage import open_storage
+from .app import app, err, out, run, settings
+from .options import usage
+
+HELP = """Search the visible text, titles and URLs of every archived page; best matches first.
+
+QUERY uses the index's own syntax. SQLite (the default): words (all must match), "a phrase",
+a OR b, a NOT b, prefix*, title:word (columns title, body, url). PostgreSQL: words, "a phrase",
+a or b, -word. Each result shows its title, URL, scrape date, archive folder and a snippet with
+the matches marked. --reindex rebuilds the index from the archive's meta.json files (after
+pages were missed, or to fill a new index). Exit codes: 0 (with or without matches); 2 an
+invalid query, search off, or the index cannot be opened.
+"""
+
+
+@app.command("search", help=HELP)
+def search_cmd(
+    query: str | None = typer.Argument(None, metavar="QUERY", help="What to look for."),
+    host: str | None = typer.Option(None, "--host", help="Only pages of this host (exact, e.g. shop.example)."),
+    since: str | None = typer.Option(None, "--since", metavar="WHEN", help="Only pages scraped since a date, a "
+                                     "time (ISO 8601) or an age (7d, 36h)."),
+    limit: int = typer.Option(10, "--limit", min=1, max=1000, help="At most this many results."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (as GET /search does)."),
+    reindex_all: bool = typer.Option(False, "--reindex", help="Index every archived page again, from the archive."),
+    archive: str | None = typer.Option(None, "--archive", metavar="DIR", help="With --reindex: read this local "
+                                       "folder (default: the configured archive)."),
+) -> None:
+    s = settings()
+    if reindex_all:
+        count = run(_reindex(s, Path(archive) if archive else None))
+        out.print(f"indexed {count:,} archived page(s)")
+        raise typer.Exit(EXIT_OK)
+    if query is None:
+        usage("give a QUERY (or --reindex)")
+    try:
+        wanted = SearchQuery.parse(query, host=host, since=parse_since(since) if since else None, limit=limit,
+                                   max_limit=1000)
+        backend, hits = run(_search(s, wanted))
+    except (InvalidQuery, SearchUnavailable) as exc:
+        err.print(f"[red]error:[/] {exc.message}")
+        raise typer.Exit(EXIT_CONFIG) from None
+    if as_json:
+        doc = {"query": wanted.text, "backend": backend, "results": [h.model_dump(mode="json") for h in hits]}
+        sys.stdout.write(orjson.dumps(doc).decode() + "\n")
+    elif not hits:
+        err.print(f"no archived page matches {wanted.text!r}")
+    else:
+        for rank, hit in enumerate(hits, 1):
+            out.print(render(rank, hit))
+    raise typer.Exit(EXIT_OK)
+
+
+async def _search(s: Settings, query: SearchQuery) -> tuple[str, list[SearchHit]]:
+    async with open_index(s) as index:
+        return index.backend, await index.search(query)
+
+
+async def _reindex(s: Settings, archive_dir: Path | None) -> int:
+    async with open_storage(s, archive_dir) as storage, open_index(s) as index:
+        return await reindex(storage, index, limit=s.search.max_text_bytes, prefix=s.archive.prefix)
+
+
+def render(rank: int, hit: SearchHit) -> Group:
+    """One result: title, URL, date and archive folder, then the snippet with the matches marked."""
+    title = Text.assemble((f"{rank}. ", "dim"), (hit.title or "(no title)", "bold"), (f"  {hit.score:.3g}", "dim"))
+    where = Text.assemble(("   ", ""), (hit.url, "cyan"))
+    when = Text(f"   {hit.scraped_at:%Y-%m-%d %H:%M} UTC · {hit.archive_key}", style="dim")
+    return Group(title, where, when, highlighted(hit.snippet), Text(""))
+
+
+def highlighted(snippet: str) -> Text:
+    """The snippet with each ⟦match⟧ shown in bold yellow, without the brackets."""
+    text = Text("   ")
+    rest = " ".join(snippet.split())
+    while MARK_START in rest:
+        before, _, after = rest.partition(MARK_START)
+        match, _, rest = after.partition(MARK_END)
+        text.append(before)
+        text.append(match, style="bold yellow")
+    text.append(rest)
+    return text
