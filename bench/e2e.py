@@ -27,30 +27,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from playwright.async_api import async_playwright
-
+from bench.bare import CAP, bare_loop
 from bench.benchsite import ORIGINS, BenchSite
 from busscrape import streams as admin
 from busscrape import subjects, topology
-from busscrape.browser import JS_HEAP_MB
 from busscrape.bus import Bus
 from busscrape.chromium import launch_args, require_chromium
 from busscrape.daemons import Daemons
-from busscrape.har import HarRecorder
 from busscrape.messages import ScrapeResult, ScrapeTask, decode, encode, task_key, utcnow
 from busscrape.nats_server import EmbeddedNatsServer
-from busscrape.settings import BrowserSettings, Settings, WorkerSettings
-from busscrape.tabs import Tab
+from busscrape.settings import BrowserSettings, Settings
 from busscrape.taskstatus import StatusBoard
 from busscrape.tracker import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
-CAP = WorkerSettings().max_screenshot_height
 
 
 def settings_for(workdir: Path, concurrency: int, nats_url: str | None = None) -> Settings:
@@ -92,50 +86,6 @@ async def _span_from_status(workdir: Path) -> float:
                             first = min(first or status.dispatched_at, status.dispatched_at)
     assert first and last
     return count / (last - first).total_seconds()
-
-
-# -- (b) bare Playwright ------------------------------------------------------------------------
-
-
-async def bare_loop(urls: list[str], concurrency: int) -> float:
-    """Pages/s of Playwright alone: same captures, same isolation, nothing else."""
-    browser_settings = BrowserSettings()
-    binary = require_chromium(browser_settings)
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=binary.path, args=launch_args(
-            browser_settings, (f"--js-flags=--max-old-space-size={JS_HEAP_MB}",)))
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        for url in urls:
-            queue.put_nowait(url)
-
-        async def slot() -> None:
-            tab = await Tab.open(browser, user_agent=None, generation=0)
-            while not queue.empty():
-                url = queue.get_nowait()
-                await tab.begin(viewport=(1280, 800), headers={})
-                har = HarRecorder(tab.page, embed_bodies=False)
-                await tab.page.goto(url, wait_until="load")
-                await tab.page.evaluate("() => [document.title, document.body.innerText]")
-                await tab.page.content()
-                height = await tab.page.evaluate("() => document.documentElement.scrollHeight")
-                if height <= CAP:
-                    await tab.page.screenshot(full_page=True)
-                else:
-                    await tab.page.set_viewport_size({"width": 1280, "height": CAP})
-                    await tab.page.screenshot()
-                    await tab.page.set_viewport_size({"width": 1280, "height": 800})
-                await har.settle()
-                har.build(browser_version=browser.version, page_timings={}, max_bytes=10**9)
-                for event, handler in har.listeners():
-                    tab.page.remove_listener(event, handler)
-                await tab.wipe()
-            await tab.close()
-
-        started = time.perf_counter()
-        await asyncio.gather(*(slot() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-        await browser.close()
-    return len(urls) / elapsed
 
 
 # -- (c) Crawlee --------------------------------------------------------------------------------
@@ -220,16 +170,16 @@ def main() -> None:
             urls_file = tmpdir / f"urls-{r}.txt"
             # Each round scrapes fresh URLs for busscrape (no "already seen"); same pages otherwise.
             urls_file.write_text("".join(f"{u}&round={r}\n" for u in urls))
-            bare = asyncio.run(bare_loop(urls, args.concurrency))
+            bare = len(urls) / asyncio.run(bare_loop(urls, args.concurrency))
             peer = crawlee(urls_file, args.concurrency, args.crawlee_python) \
                 if Path(args.crawlee_python).exists() else None
             bus = busscrape_run(urls_file, tmpdir / f"run-{r}", args.concurrency)
             ratios_b.append(bus / bare)
             if peer:
                 ratios_c.append(bus / peer)
+            peer_text = f"(c) Crawlee {peer:.2f}  a/c={bus / peer:.2f}" if peer else "(c) Crawlee not installed"
             print(f"round {r + 1}: (a) busscrape {bus:.2f} pages/s  (b) bare Playwright {bare:.2f}  "
-                  f"(c) Crawlee {peer:.2f}  a/b={bus / bare:.2f}" + (f"  a/c={bus / peer:.2f}" if peer else ""),
-                  flush=True)
+                  f"a/b={bus / bare:.2f}  {peer_text}", flush=True)
         phases = asyncio.run(latency(site.urls(args.latency_tasks + 1000)[1000:], tmpdir / "latency",
                                      args.concurrency, args.latency_every))
         overheads = phases.pop("overhead")

@@ -1,11 +1,11 @@
 """Benchmark: pages/s of `busscrape worker` vs a bare Playwright loop doing the same work.
 
 Both render the same pages of the multi-origin bench site (bench/site.py) with the same
-Chromium, the same concurrency, a fresh browser context per page (the same isolation), and
-the same captures: rendered HTML, visible text, a full-page PNG screenshot (height-capped the
-same way) and a HAR without bodies. The bare loop is the practical limit; the worker also
-runs the network-policy proxy, stores every artifact in the NATS object store and publishes
-a result before acking each task. Browser launch is outside both timings.
+Chromium, the same concurrency, the same per-task isolation (reused tabs wiped between tasks)
+and the same captures: rendered HTML, visible text, a full-page PNG screenshot (height-capped the
+same way) and a HAR without bodies. The bare loop (bench/bare.py) is the practical limit; the
+worker also runs the network-policy proxy, stores every artifact in the NATS object store and
+publishes a result before acking each task. Browser launch is outside both timings.
 
     .venv/bin/python bench/worker.py --pages 300 --concurrency 4 --rounds 2
     .venv/bin/python bench/worker.py --rss-pages 2000     # worker memory over a long run
@@ -23,52 +23,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from playwright.async_api import async_playwright
-
+from bench.bare import bare_loop
 from bench.benchsite import ORIGINS, BenchSite
 from busscrape import streams as admin
 from busscrape import subjects, topology
-from busscrape.browser import JS_HEAP_MB
 from busscrape.bus import Bus
-from busscrape.chromium import launch_args, require_chromium
 from busscrape.messages import ScrapeTask, encode, task_key
 from busscrape.nats_server import EmbeddedNatsServer
-from busscrape.settings import BrowserSettings, Settings
+from busscrape.settings import Settings
 from busscrape.worker import Worker
-
-CAP = 16384
-
-
-async def bare_loop(urls: list[str], concurrency: int, workdir: Path) -> float:
-    """The same captures with Playwright alone; returns seconds."""
-    browser_settings = BrowserSettings()
-    binary = require_chromium(browser_settings)
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=binary.path, args=launch_args(
-            browser_settings, (f"--js-flags=--max-old-space-size={JS_HEAP_MB}",)))
-        slots = asyncio.Semaphore(concurrency)
-
-        async def one(i: int, url: str) -> None:
-            async with slots:
-                har = workdir / f"bare-{i}.har"
-                ctx = await browser.new_context(viewport={"width": 1280, "height": 800}, record_har_path=har,
-                                                record_har_content="omit", accept_downloads=False,
-                                                service_workers="block")
-                page = await ctx.new_page()
-                await page.goto(url, wait_until="load")
-                await page.content()
-                await page.evaluate("() => [document.title, document.body.innerText]")
-                height = await page.evaluate("() => document.documentElement.scrollHeight")
-                await page.screenshot(full_page=True, type="png") if height <= CAP else await page.screenshot()
-                await ctx.close()
-                har.read_bytes()
-                har.unlink()
-
-        started = time.perf_counter()
-        await asyncio.gather(*(one(i, u) for i, u in enumerate(urls)))
-        elapsed = time.perf_counter() - started
-        await browser.close()
-    return elapsed
 
 
 def bus_settings(workdir: Path, url: str, concurrency: int, max_tasks: int) -> Settings:
@@ -137,10 +100,10 @@ async def main() -> None:
             print(f"{args.rss_pages} pages in {seconds:.0f}s ({args.rss_pages / seconds:.2f} pages/s)")
             return
         urls = site.urls(args.pages)
-        await bare_loop(urls[:8], args.concurrency, workdir)  # warm the site and the disk cache
+        await bare_loop(urls[:8], args.concurrency)  # warm the site and the disk cache
         ratios = []
         for r in range(args.rounds):
-            bare = args.pages / await bare_loop(urls, args.concurrency, workdir)
+            bare = args.pages / await bare_loop(urls, args.concurrency)
             bus = args.pages / await bus_worker(urls, args.concurrency, workdir / f"round{r}")
             ratios.append(bus / bare)
             print(f"round {r + 1}: bare Playwright {bare:.2f} pages/s, busscrape worker {bus:.2f} pages/s, "

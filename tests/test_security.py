@@ -45,7 +45,7 @@ from busscrape.settings import Settings
 from busscrape.storage_s3 import S3Storage
 
 from .support import nats_auth
-from .support.bus import enqueue, stream_messages
+from .support.bus import enqueue, stream_messages, wait_until
 from .support.net import free_port
 from .support.pki import TestCA
 from .support.s3 import S3Server
@@ -263,6 +263,11 @@ async def _round_trip(settings: Settings) -> list[str]:
     """Queue a task the way the dispatcher does and read TASKS back: the URLs queued."""
     async with await Bus.connect(settings, name="test-security") as bus:
         await enqueue(bus.js, URL)
+
+        async def sourced() -> bool:  # TASKS sources SEEN asynchronously
+            return (await bus.js.stream_info(subjects.TASKS_STREAM)).state.messages > 0
+
+        await wait_until(sourced, timeout=30)
         return [decode(ScrapeTask, m.data).url for m in await stream_messages(bus.js, subjects.TASKS_STREAM)]
 
 

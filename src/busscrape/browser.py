@@ -151,6 +151,7 @@ class BrowserPool:
         try:
             yield tab
         finally:
+            self._check_age()  # now, not after the wipe: the next task must see a recycle due
             if self._reusable(tab):
                 # Wipe after the task has left: its result need not wait for the clean-up.
                 wipe = asyncio.create_task(self._wipe(tab))

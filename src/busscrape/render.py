@@ -1,4 +1,4 @@
-"""Renders one task in a fresh browser context and captures what it asked for.
+"""Renders one task in an isolated tab (``busscrape.tabs``) and captures what it asked for.
 
 Navigation (policy-checked), status policy, steps, then one round trip to the page for the
 rendered DOM, title, visible text and timings, a screenshot (height-capped), a HAR. Every way a
