@@ -2,7 +2,8 @@
 
 The same captures as a worker (rendered HTML, title and visible text, a PNG screenshot of the
 whole page up to the worker's height cap, a HAR without bodies built from network events) with
-the same per-task isolation (busscrape.tabs: one reused tab per slot, wiped between tasks), and
+the same per-task isolation (busscrape.tabs: one reused tab per slot, wiped between tasks) and
+the same screenshot call (``Tab.screenshot``), and
 none of the bus: no network-policy proxy, no object store, no result, no archive.
 """
 
@@ -44,10 +45,10 @@ async def bare_loop(urls: list[str], concurrency: int) -> float:
                 await tab.page.content()
                 height = await tab.page.evaluate("() => document.documentElement.scrollHeight")
                 if height <= CAP:
-                    await tab.page.screenshot(full_page=True)
+                    await tab.screenshot(fmt="png", quality=None, clip_height=max(height, 800))
                 else:
                     await tab.page.set_viewport_size({"width": 1280, "height": CAP})
-                    await tab.page.screenshot()
+                    await tab.screenshot(fmt="png", quality=None, clip_height=None)
                     await tab.page.set_viewport_size({"width": 1280, "height": 800})
                 await har.settle()
                 har.build(browser_version=browser.version, page_timings={}, max_bytes=10**9)

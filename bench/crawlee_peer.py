@@ -6,7 +6,8 @@ Run by bench/e2e.py with the interpreter of a separate venv that has ``crawlee[p
     .venv-crawlee/bin/python bench/crawlee_peer.py URLS_FILE --concurrency 4 --chromium /usr/bin/chromium
 
 It saves each page's HTML and screenshot to Crawlee's key-value store, as a Crawlee user would,
-takes the screenshot the way busscrape does by default (full page up to the same height cap),
+takes the screenshot with Playwright's page.screenshot as a Crawlee user would (full page, up to
+the same height cap as busscrape),
 and prints one JSON line: {"pages": N, "seconds": S}.
 """
 

@@ -1,7 +1,9 @@
+from pathlib import Path
+
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from busscrape.settings import Settings
+from busscrape.settings import Settings, reference_markdown
 
 
 def test_env_nested_with_double_underscore(monkeypatch):
@@ -42,3 +44,11 @@ def test_every_setting_is_documented():
         elif not field.description:
             undocumented.append(name)
     assert undocumented == []
+
+
+def test_the_readme_lists_every_setting_as_busscrape_config_prints_it():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start, end = "<!-- config:start -->\n", "<!-- config:end -->"
+    documented = readme[readme.index(start) + len(start):readme.index(end)]
+    assert documented == reference_markdown(), "README is stale: paste `busscrape config --markdown` in"
+    assert "`BUSSCRAPE_WORKER__ISOLATION`" in documented

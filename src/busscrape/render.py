@@ -103,7 +103,7 @@ class Rendered:
 class _Visit:
     """What navigation and steps left for the capture."""
 
-    page: Page
+    tab: Tab
     task: ScrapeTask
     status: int | None
     headers: dict[str, str]
@@ -112,6 +112,10 @@ class _Visit:
     shots: list[Capture]
     har: HarRecorder | None
     timings: dict[str, float]
+
+    @property
+    def page(self) -> Page:
+        return self.tab.page
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -245,7 +249,7 @@ class Renderer:
         ext = "jpg" if opts.screenshot.format == "jpeg" else "png"
 
         async def extra_shot(name: str, full_page: bool) -> None:
-            data = await self._screenshot(page, task, full_page=full_page, height=None)
+            data = await self._screenshot(tab, task, full_page=full_page, height=None)
             shots.append(Capture(f"shot-{name}.{ext}", "extra_screenshot", CONTENT_TYPES[opts.screenshot.format],
                                  data))
 
@@ -253,7 +257,7 @@ class Renderer:
                         allow_evaluate=self.settings.allow_evaluate, check_url=self.policy.check_url,
                         take_screenshot=extra_shot)
         stepped = time.perf_counter()
-        visit = _Visit(page, task, status, dict(headers), tuple(reversed(chain)), failed, shots, har,
+        visit = _Visit(tab, task, status, dict(headers), tuple(reversed(chain)), failed, shots, har,
                        {"navigation": _ms(started, navigated), "steps": _ms(navigated, stepped)})
         with tracing.span("capture", artifacts=",".join(opts.artifacts)):
             rendered = await self._capture(visit)
@@ -270,7 +274,7 @@ class Renderer:
             dom["html"] = await page.content()
         rendered = self._captures(task, dom)
         if "screenshot" in opts.artifacts:
-            data = await self._screenshot(page, task, full_page=opts.screenshot.full_page, height=dom["height"])
+            data = await self._screenshot(visit.tab, task, full_page=opts.screenshot.full_page, height=dom["height"])
             rendered.insert(1 if rendered and rendered[0].kind == "html" else 0,
                             Capture(f"screenshot.{ext}", "screenshot", CONTENT_TYPES[opts.screenshot.format], data))
         rendered += visit.shots
@@ -304,28 +308,27 @@ class Renderer:
             out.append(Capture("page.txt", "text", CONTENT_TYPES["text"], text[: self.settings.max_page_bytes]))
         return out
 
-    async def _screenshot(self, page: Page, task: ScrapeTask, *, full_page: bool, height: int | None) -> bytes:
+    async def _screenshot(self, tab: Tab, task: ScrapeTask, *, full_page: bool, height: int | None) -> bytes:
         shot = task.options.screenshot
-        kwargs: dict = {"type": shot.format, "animations": "disabled", "caret": "hide", "timeout": 30_000}
-        if shot.format == "jpeg" and shot.quality:
-            kwargs["quality"] = shot.quality
         cap = self.settings.max_screenshot_height
-        if full_page and height is None:
-            height = await page.evaluate("() => document.documentElement.scrollHeight")
+        viewport = task.options.viewport
+        page = tab.page
         try:
-            if not full_page:
-                return await page.screenshot(**kwargs)
-            if height <= cap:
-                return await page.screenshot(full_page=True, **kwargs)
-            # Taller than the cap: a viewport as tall as the cap is several times faster than a
-            # clipped full-page capture on heavy pages (measured: 2.7s vs 9.3s on a 20 MB page).
-            viewport = task.options.viewport
-            await page.set_viewport_size({"width": viewport.width, "height": cap})
-            try:
-                return await page.screenshot(**kwargs)
-            finally:
-                await page.set_viewport_size({"width": viewport.width, "height": viewport.height})
-        except PlaywrightTimeout:
+            async with asyncio.timeout(30):
+                if full_page and height is None:
+                    height = await page.evaluate("() => document.documentElement.scrollHeight")
+                if not full_page or height <= viewport.height:
+                    return await tab.screenshot(fmt=shot.format, quality=shot.quality, clip_height=None)
+                if height <= cap:
+                    return await tab.screenshot(fmt=shot.format, quality=shot.quality, clip_height=height)
+                # Taller than the cap: a viewport as tall as the cap is several times faster than a
+                # clipped full-page capture on heavy pages (measured: 2.7s vs 9.3s on a 20 MB page).
+                await page.set_viewport_size({"width": viewport.width, "height": cap})
+                try:
+                    return await tab.screenshot(fmt=shot.format, quality=shot.quality, clip_height=None)
+                finally:
+                    await page.set_viewport_size({"width": viewport.width, "height": viewport.height})
+        except TimeoutError:
             raise NavigationTimeout("screenshot did not finish in 30s", reason="screenshot_timeout") from None
 
     def _navigation_error(self, url: str, exc: PlaywrightError, failed: list[tuple[str, str]],

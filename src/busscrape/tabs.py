@@ -23,6 +23,7 @@ replaced after ``max_uses`` tasks so that a long-lived renderer cannot accumulat
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from typing import Any
 from urllib.parse import urlsplit
@@ -82,6 +83,25 @@ class Tab:
         if headers:
             await self.context.set_extra_http_headers(headers)
             self._headers_set = True
+
+    async def screenshot(self, *, fmt: str, quality: int | None, clip_height: int | None) -> bytes:
+        """The viewport, or the top ``clip_height`` CSS pixels of the page at viewport width.
+
+        Straight through CDP with ``optimizeForSpeed``: Chromium encodes with its fast settings,
+        which halves the cost of a full-page PNG (measured on 4,200 px pages: 245 ms against
+        Playwright's 500 ms, for a file 25% larger; still lossless). Playwright's
+        ``page.screenshot`` also settles CSS animations and hides the caret first; a scraper's
+        screenshot records the page as it is.
+        """
+        params: dict[str, Any] = {"format": fmt, "optimizeForSpeed": True}
+        if fmt == "jpeg" and quality:
+            params["quality"] = quality
+        if clip_height is not None:
+            width = self._viewport[0] if self._viewport else (self.page.viewport_size or {"width": 1280})["width"]
+            params["captureBeyondViewport"] = True
+            params["clip"] = {"x": 0, "y": 0, "width": width, "height": clip_height, "scale": 1}
+        data = await self._cdp("Page.captureScreenshot", params)
+        return base64.b64decode(data["data"])
 
     async def wipe(self) -> None:
         """Remove every trace of the last task (raises when the tab cannot be trusted any more)."""

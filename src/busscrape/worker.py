@@ -3,7 +3,8 @@
 Per task: decode (poison -> DEADLETTER), policy check, per-host politeness, render in an
 isolated tab (a reused page wiped between tasks, or a fresh context: ``worker.isolation``),
 artifacts into the ARTIFACTS object store, the result (claim checks only) to RESULTS with
-``Nats-Msg-Id = result-<task_id>-<task_seq>``, wait for the PubAck, and only then ``ack_sync()`` the task. So a worker killed at any point leaves either no result (the task is
+``Nats-Msg-Id = result-<task_id>-<task_seq>``, wait for the PubAck, and only then
+``ack_sync()`` the task. So a worker killed at any point leaves either no result (the task is
 redelivered) or exactly one (a redelivered attempt's publish is a duplicate; it then drops its
 own artifacts and acks).
 

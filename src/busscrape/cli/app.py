@@ -95,8 +95,15 @@ def version() -> None:
 
 
 @app.command("config")
-def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+                markdown: bool = typer.Option(False, "--markdown", help="Print every setting with its default "
+                                              "and meaning as a Markdown table (the README's).")) -> None:
     """Print the effective settings (secrets masked) and where each can be set."""
+    if markdown:
+        from ..settings import reference_markdown
+
+        sys.stdout.write(reference_markdown())
+        return
     s = settings()
     data = s.model_dump(mode="json")
     if as_json:
