@@ -28,6 +28,7 @@ from bench.benchsite import ORIGINS, BenchSite
 from busscrape import streams as admin
 from busscrape import subjects, topology
 from busscrape.bus import Bus
+from busscrape.logs import configure as configure_logs
 from busscrape.messages import ScrapeTask, encode, task_key
 from busscrape.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
@@ -93,6 +94,7 @@ async def main() -> None:
     parser.add_argument("--rss-pages", type=int, default=0, help="instead: run the worker over this many pages "
                                                                   "and print its memory every 10s")
     args = parser.parse_args()
+    configure_logs(level="warning")  # the worker runs in this process: keep its per-task lines out
     with BenchSite(pages=997) as site, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if args.rss_pages:
