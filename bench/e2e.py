@@ -137,7 +137,9 @@ async def latency(urls: list[str], workdir: Path, concurrency: int, every: float
                 renders[result.task_id] = result.timings["total"]
             board = StatusBoard(bus.js)
             phases: dict[str, list[float]] = {"overhead": [], "to worker": [], "in worker": [], "to archive": []}
-            for task_id in tracker.final:
+            for task_id, final in tracker.final.items():
+                if final.state != "archived":
+                    raise SystemExit(f"latency task {task_id} ended {final.state}: {final.reason} {final.error}")
                 at = {s.state: s.at for s in await board.history(task_id)}
                 ms = {k: (v - dispatched[task_id]).total_seconds() * 1000 for k, v in at.items()}
                 phases["overhead"].append(ms["archived"] - renders[task_id])

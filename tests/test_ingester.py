@@ -25,6 +25,7 @@ from busscrape.ingester import Archiver, Ingester, retry_delay
 from busscrape.messages import DeadLetter, ScrapeResult, decode, encode
 from busscrape.storage import PARTIAL_DIR, FileStorage, Storage
 from busscrape.storage_s3 import S3Storage
+from busscrape.taskstatus import StatusBoard
 
 from .conftest import make_settings
 from .support.bus import dead_letters, wait_until
@@ -192,6 +193,30 @@ async def test_an_s3_outage_delays_results_and_loses_none(applied, s3, s3_storag
     for i, result in enumerate(results):
         await assert_archived(s3_storage, result, {"page.html": HTML + bytes([i]), "screenshot.png": PNG})
     assert await lag(applied.js) == 0
+
+
+async def test_a_result_is_kept_until_its_archived_status_is_recorded(applied, folder_storage, settings):
+    """`busscrape run` waits for the `archived` record: without the STATUS bucket the result is
+    archived but not acked; once the bucket is back, the redelivery records it and acks."""
+    await applied.js.delete_key_value(subjects.STATUS_BUCKET)
+    ingester = Ingester(applied, folder_storage, tuned(settings))
+    async with ingester:
+        running = asyncio.create_task(ingester.run())
+        result = await produce(applied.js)
+        await wait_until(lambda: asyncio.sleep(0, ingester.counters["retried"] >= 2), timeout=60)
+        assert await folder_storage.get(f"{folder_of(result)}/meta.json") is not None  # archived …
+        assert await lag(applied.js) == 1  # … and still waiting in RESULTS
+        await admin.apply(applied.js, topology.load(settings))  # STATUS is back
+        await wait_until(lambda: _drained(applied.js), timeout=60)
+        ingester.stop()
+        await asyncio.wait_for(running, 30)
+    history = await StatusBoard(applied.js).history(result.task_id)
+    assert [s.state for s in history] == ["archived"] and history[0].archive.endswith(folder_of(result))
+    assert not any([await ArtifactStore(applied.js).exists(ref) for ref in result.artifacts])
+
+
+async def _drained(js) -> bool:
+    return await lag(js) == 0
 
 
 async def test_unusable_results_are_dead_lettered_and_archived_and_the_ingester_carries_on(applied, folder_storage,

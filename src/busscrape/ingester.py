@@ -40,7 +40,7 @@ from nats.aio.msg import Msg
 from . import archive, deadletters, tracing
 from .artifacts import ArtifactStore
 from .bus import Bus
-from .errors import MessageDecodeError, PermanentError, RetryableError, StreamsMissing
+from .errors import MessageDecodeError, PermanentError, RetryableError, StorageUnavailable, StreamsMissing
 from .messages import DeadLetter, ScrapeResult, decode, encode
 from .search_feed import SearchFeed
 from .service import PullService, _quiet
@@ -293,6 +293,15 @@ class Ingester(PullService):
         except (RetryableError, *_NATS_ERRORS) as exc:
             await _retry_later(self, msg, exc, self.backoff, "result.not_archived", **fields)
             return
+        # Recorded before the ack, and the result kept until it is: `busscrape run` waits for this
+        # record, so a lost one would hang it. A redelivery finds meta.json and only records again.
+        archived = TaskStatus(task_id=result.task_id, state="archived", url=result.url,
+                              dispatched_at=result.dispatched_at, attempt=result.attempt, status=result.status,
+                              worker=result.worker, archive=f"{self.storage.url.rstrip('/')}/{done.plan.folder}")
+        if not await self.board.record(archived):
+            await _retry_later(self, msg, StorageUnavailable("STATUS did not take the archived record"), self.backoff,
+                               "result.status_unrecorded", **fields)
+            return
         try:
             await msg.ack_sync()
         except _NATS_ERRORS as exc:
@@ -306,10 +315,6 @@ class Ingester(PullService):
             self.telemetry.archived_bytes.add(done.size)
         log.info("result.archived", key=done.plan.folder, objects=len(done.plan.objects), bytes=done.size,
                  reused=done.reused, **fields)
-        await self.board.record(TaskStatus(task_id=result.task_id, state="archived", url=result.url,
-                                           dispatched_at=result.dispatched_at, attempt=result.attempt,
-                                           status=result.status, worker=result.worker,
-                                           archive=f"{self.storage.url.rstrip('/')}/{done.plan.folder}"))
         self.search.archived(result, done.plan)
         await self._release(result, fields)
 

@@ -65,12 +65,15 @@ class StatusBoard:
             self._kv = await self._js.key_value(STATUS_BUCKET)
         return self._kv
 
-    async def record(self, status: TaskStatus) -> None:
-        """Add a transition (best effort)."""
+    async def record(self, status: TaskStatus) -> bool:
+        """Add a transition. Whether it was stored: callers for whom it matters (the ingester's
+        ``archived``, which ``busscrape run`` waits for) retry; for the others it is best effort."""
         try:
             await asyncio.wait_for((await self._bucket()).put(status.task_id, encode(status)), 5)
         except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
             log.warning("status.unrecorded", task_id=status.task_id, state=status.state, error=repr(exc))
+            return False
+        return True
 
     async def latest(self, task_id: str) -> TaskStatus | None:
         try:
