@@ -68,8 +68,11 @@ async def test_metrics_and_health_of_a_running_worker_and_ingester(wbus, wsettin
         async def archived():
             status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{ingester_port}/metrics")
             _, work = await asyncio.to_thread(get, f"http://127.0.0.1:{worker_port}/metrics")
+            # The 404's dead letter archived too: the archivist is then idle.
+            letters = list((tmp_path / "archive").glob("deadletter/dt=*/*.json"))
             return (status == 200 and metric(text, "busscrape_results_archived_total") == 2
-                    and metric(work, "busscrape_tasks_total", outcome="dead") == 1)
+                    and metric(work, "busscrape_tasks_total", outcome="dead") == 1 and len(letters) == 1
+                    and metric(text, "busscrape_in_flight", service="archivist") == 0)
 
         await wait_until(archived, timeout=90)
         _, w = await asyncio.to_thread(get, f"http://127.0.0.1:{worker_port}/metrics")
