@@ -302,10 +302,16 @@ class Ingester(PullService):
             await _retry_later(self, msg, StorageUnavailable("STATUS did not take the archived record"), self.backoff,
                                "result.status_unrecorded", **fields)
             return
+        # The archive is complete (meta.json, status), so the artifacts can go before the ack: a
+        # redelivery only needs meta.json. Released first, a kill before the ack cannot orphan them.
+        if not await self._release(result, fields):
+            await _retry_later(self, msg, StorageUnavailable("ARTIFACTS did not release the artifacts"), self.backoff,
+                               "result.release_failed", **fields)
+            return
         try:
             await msg.ack_sync()
         except _NATS_ERRORS as exc:
-            # Redelivered later: its meta.json is there, so that delivery only acks and releases.
+            # Redelivered later: its meta.json is there, so that delivery only records, releases and acks.
             self.counters["ack_failed"] += 1
             log.warning("result.ack_failed", error=str(exc) or type(exc).__name__, **fields)
             return
@@ -316,7 +322,6 @@ class Ingester(PullService):
         log.info("result.archived", key=done.plan.folder, objects=len(done.plan.objects), bytes=done.size,
                  reused=done.reused, **fields)
         self.search.archived(result, done.plan)
-        await self._release(result, fields)
 
     async def _give_up(self, msg: Msg, letter: DeadLetter, msg_id: str, counter: str, **fields: Any) -> None:
         """File ``letter``, then ack; if NATS does not take the letter, keep the message for later."""
@@ -328,13 +333,15 @@ class Ingester(PullService):
         self.counters[counter] += 1
         await _quiet(msg.ack_sync())
 
-    async def _release(self, result: ScrapeResult, fields: dict[str, Any]) -> None:
+    async def _release(self, result: ScrapeResult, fields: dict[str, Any]) -> bool:
+        """Delete the result's artifacts from ARTIFACTS; whether every one is gone."""
         outcomes = await asyncio.gather(*(self.artifacts.release(ref) for ref in result.artifacts),
                                         return_exceptions=True)
         failed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
         if failed:
             self.counters["release_failed"] += 1
             log.warning("artifacts.release_failed", errors=failed[:3], **fields)
+        return not failed
 
 
 class Archivist(PullService):
