@@ -6,7 +6,7 @@ import time
 import pytest
 from nats.js import api
 
-from busscrape import subjects
+from busscrape import publisher, subjects
 from busscrape.publisher import ABANDONED, NO_ANSWER, WRONG_LAST_SEQUENCE, Publisher, PublishFailed
 
 
@@ -16,6 +16,25 @@ async def test_publish_returns_the_pub_ack(applied):
         second = await pub.publish(subjects.task_subject("b" * 32), b"two")
     assert (first.stream, first.seq, second.seq) == (subjects.TASKS_STREAM, 1, 2)
     assert (await applied.js.get_msg(subjects.TASKS_STREAM, 2)).data == b"two"
+
+
+@pytest.mark.parametrize("through_nats_py", [False, True], ids=["encoded", "fallback"])
+async def test_an_encoded_header_block_arrives_as_the_headers_it_spells(applied, monkeypatch, through_nats_py):
+    if through_nats_py:  # what runs where nats-py's internals have moved
+        monkeypatch.setattr(publisher, "_ENCODED_PATH", False)
+    block = b"NATS/1.0\r\nNats-Msg-Id: one-1\r\ntraceparent: 00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01\r\n\r\n"
+    subject = subjects.seen_key_subject("d" * 32)
+    async with Publisher(applied.nc) as pub:
+        await pub.publish(subject, b"first", block)
+        again = await pub.publish(subject, b"first", block)  # the stream de-duplicates by the header
+        refused = pub.publish(subject, b"x", b"NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: 0\r\n\r\n")
+        with pytest.raises(PublishFailed) as caught:
+            await refused
+    assert again.duplicate is True
+    assert caught.value.err_code == WRONG_LAST_SEQUENCE  # a header the server acted on
+    stored = await applied.js.get_last_msg(subjects.SEEN_STREAM, subject)
+    assert (stored.data, stored.headers["Nats-Msg-Id"]) == (b"first", "one-1")
+    assert stored.headers["traceparent"] == f"00-{'1' * 32}-{'2' * 16}-01"
 
 
 async def test_the_window_bounds_what_is_in_flight(applied):

@@ -216,7 +216,8 @@ class Dispatcher:
         self._normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
         self._template = TaskTemplate(self.defaults)
         self._seen_here = FingerprintSet()
-        self._ttl = str(int(self.recrawl_after))
+        self._traced = tracing.recording()
+        self._header_prefix = self._headers_start()
         self._publisher: Publisher | None = None
         self._resolving: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
@@ -348,13 +349,8 @@ class Dispatcher:
         else:
             payload = encode(ScrapeTask(task_id=task_id, url=url, original_url=item.url, steps=item.steps,
                                         options=item.options, labels=item.labels))
-        headers = {
-            subjects.MSG_ID: f"{task_id}-{self.run_id}",
-            subjects.MSG_TTL: self._ttl,
-            subjects.TRACEPARENT: tracing.task_traceparent(task_id, url),
-        }
-        if not self.force:
-            headers[subjects.EXPECTED_LAST_SUBJECT_SEQUENCE] = "0"
+        traceparent = tracing.task_traceparent(task_id, url, record=self._traced)
+        headers = self._header_prefix + f"{task_id}-{self.run_id}\r\ntraceparent: {traceparent}\r\n\r\n".encode()
         assert self._publisher is not None
         try:
             await self._publisher.submit(subjects.seen_key_subject(task_id), payload, headers, self._settled, task_id)
@@ -362,6 +358,15 @@ class Dispatcher:
             return False  # closed while waiting for a slot: never sent, so never counted
         counts.read += 1
         return True
+
+    def _headers_start(self) -> bytes:
+        """Every task's NATS header block up to its own values (``Nats-Msg-Id`` and
+        ``traceparent`` follow): encoded once, not once per task (see ``publisher``)."""
+        fixed = {subjects.MSG_TTL: str(int(self.recrawl_after))}
+        if not self.force:
+            fixed[subjects.EXPECTED_LAST_SUBJECT_SEQUENCE] = "0"  # create only: first writer wins
+        lines = "".join(f"{name}: {value}\r\n" for name, value in fixed.items())
+        return f"NATS/1.0\r\n{lines}{subjects.MSG_ID}: ".encode()
 
     def _reject(self, rejection: Rejection) -> None:
         self.counts.invalid[rejection.reason] += 1

@@ -33,15 +33,23 @@ def recording() -> bool:
 
 def new_traceparent() -> str:
     """A fresh sampled trace context for a new task (cheap: no span object needed)."""
-    trace_id = int.from_bytes(os.urandom(16), "big") or 1
-    span_id = int.from_bytes(os.urandom(8), "big") or 1
-    return f"00-{trace_id:032x}-{span_id:016x}-01"
+    ids = os.urandom(24).hex()
+    if ids.startswith(_ZERO_TRACE_ID) or ids.endswith(_ZERO_SPAN_ID):  # invalid in W3C; about never
+        return new_traceparent()
+    return f"00-{ids[:32]}-{ids[32:]}-01"
 
 
-def task_traceparent(task_id: str, url: str) -> str:
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
+
+
+def task_traceparent(task_id: str, url: str, *, record: bool | None = None) -> str:
     """The trace context a new task is published with: a PRODUCER span when tracing records,
-    else just fresh ids (the dispatcher's hot path pays for spans only when they are kept)."""
-    if not recording():
+    else just fresh ids (the dispatcher's hot path pays for spans only when they are kept).
+
+    ``record`` is ``recording()`` asked once by a caller that publishes many tasks: asking it
+    costs an environment lookup per call while no provider is set.
+    """
+    if not (recording() if record is None else record):
         return new_traceparent()
     attributes = {"messaging.system": "nats", "messaging.operation.type": "publish",
                   "messaging.destination.name": "SEEN", "busscrape.task_id": task_id, "url.full": url}
