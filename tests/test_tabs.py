@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from aiohttp import web
 
 from busscrape.artifacts import ArtifactStore
+from busscrape.browser import BrowserPool
 from busscrape.messages import TaskOptions
+from busscrape.settings import BrowserSettings
 from busscrape.steps import WaitFor
 
 from .support.bus import enqueue, results
@@ -69,3 +72,34 @@ async def test_state_set_by_one_task_is_invisible_to_the_next(wbus, wsettings, s
     # The HTTP cache was dropped too: the reader fetched the cacheable resource again (the setter's
     # fetch carried the cookie it had just set; the reader's carries none).
     assert fetched == ["leak=cookie", ""]
+
+
+TICKER = """<title>ticker</title><script>
+document.cookie = 'left=behind; max-age=3600; path=/';
+window.ticks = 0; setInterval(() => window.ticks++, 10);</script>"""
+
+
+async def test_a_deferred_wipe_pauses_the_page_and_gives_way_to_a_task_waiting_for_a_tab(site):
+    site.page("/tick", TICKER)
+    site.page("/plain", "<title>plain</title><p>plain</p>")
+    async with BrowserPool(BrowserSettings(), proxy_url=None, recycle_after_tasks=1000, recycle_rss=2**40,
+                           tab_wipe_delay=600.0) as pool:
+        await pool.prewarm(3)
+        async with pool.tab() as first:
+            await first.page.goto(site.url("/tick"))
+        # Two tabs were still ready, so the wipe waits; meanwhile the page runs no scripts.
+        await asyncio.sleep(0.3)
+        before = await first.page.evaluate("window.ticks")
+        await asyncio.sleep(0.5)
+        assert await first.page.evaluate("window.ticks") - before <= 1  # running, it would tick ~50 times
+        async with pool.tab() as second, pool.tab() as third:
+            assert first not in (second, third)
+            # No tab is ready now: a task asking for one starts the waiting wipe instead of
+            # sitting out its 600 s, and gets the wiped tab.
+            async with asyncio.timeout(60), pool.tab() as fourth:
+                assert fourth is first
+                await fourth.page.goto(site.url("/plain"))
+                assert await fourth.page.evaluate("document.cookie") == ""
+                await fourth.page.goto(site.url("/tick"))
+                await asyncio.sleep(0.3)
+                assert await fourth.page.evaluate("window.ticks") > 5  # scripts run again after the wipe

@@ -42,7 +42,8 @@ class BrowserPool:
     """Launches and supervises the worker's Chromium. Async context manager; enter once."""
 
     def __init__(self, settings: BrowserSettings, *, proxy_url: str | None, recycle_after_tasks: int,
-                 recycle_rss: int, isolation: str = "tab", tab_max_uses: int = 100) -> None:
+                 recycle_rss: int, isolation: str = "tab", tab_max_uses: int = 100,
+                 tab_wipe_delay: float = 0.0) -> None:
         self.settings = settings
         self.proxy_url = proxy_url
         self.recycle_after_tasks = recycle_after_tasks
@@ -62,7 +63,10 @@ class BrowserPool:
         self.isolation = isolation
         self.tab_max_uses = tab_max_uses
         self._tabs: dict[str | None, list[Tab]] = {}
+        self.tab_wipe_delay = tab_wipe_delay
         self._wiping: set[asyncio.Task[None]] = set()
+        self._wanted = asyncio.Event()  # set while a task waits for a tab: deferred wipes start now
+        self._waiting = 0
 
     async def __aenter__(self) -> BrowserPool:
         if self._entered:
@@ -153,8 +157,10 @@ class BrowserPool:
         finally:
             self._check_age()  # now, not after the wipe: the next task must see a recycle due
             if self._reusable(tab):
-                # Wipe after the task has left: its result need not wait for the clean-up.
-                wipe = asyncio.create_task(self._wipe(tab))
+                # Wipe after the task has left: its result need not wait for the clean-up. With
+                # another tab ready, later still, so that it does not slow the result down either.
+                defer = self.tab_wipe_delay if self._tabs.get(tab.user_agent) else 0.0
+                wipe = asyncio.create_task(self._wipe(tab, defer))
                 self._wiping.add(wipe)
                 wipe.add_done_callback(self._wiping.discard)
             else:
@@ -180,14 +186,26 @@ class BrowserPool:
             if not self._wiping:
                 return None
             # A tab is being wiped: waiting for it beats opening a new one (~4x the cost).
-            await asyncio.wait(set(self._wiping), return_when=asyncio.FIRST_COMPLETED)
+            self._waiting += 1
+            self._wanted.set()
+            try:
+                await asyncio.wait(set(self._wiping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._wanted.clear()
 
     def _reusable(self, tab: Tab) -> bool:
         return (self.isolation == "tab" and not tab.broken and tab.uses < self.tab_max_uses
                 and tab.generation == self.restarts and self.up and not self._recycling)
 
-    async def _wipe(self, tab: Tab) -> None:
+    async def _wipe(self, tab: Tab, defer: float = 0.0) -> None:
         try:
+            if defer > 0:
+                await tab.pause()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(defer):
+                        await self._wanted.wait()
             await tab.wipe()
         except Exception as exc:
             log.warning("tab.discarded", error=str(exc)[:200])

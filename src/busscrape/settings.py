@@ -204,6 +204,10 @@ class WorkerSettings(_Section):
     cache, history: see busscrape/tabs.py), twice as fast; ``context``: a fresh context per task."""
     tab_max_uses: int = Field(100, ge=1)
     """Tasks one reused tab serves before it is replaced by a new one."""
+    tab_wipe_delay: Duration = "500ms"
+    """How long a used tab waits, its scripts paused, before it is wiped, while other tabs are
+    ready and no task waits for one: Chromium's clean-up then does not compete for the CPU with
+    the upload and archiving of the task just rendered. 0: wipe at once."""
     recycle_after_tasks: int = Field(500, ge=1)
     """Relaunch the browser after this many tasks, to shed leaked memory."""
     recycle_rss: Size = "3GiB"

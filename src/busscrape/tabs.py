@@ -15,6 +15,11 @@ removes everything one task could leave for the next:
 - the context's HTTP cache is dropped (``Network.clearBrowserCache``);
 - request routes, extra headers and popups of the task are removed.
 
+The wipe runs after the task has left the tab, off its result's path. While the worker has
+other tabs ready it waits ``worker.tab_wipe_delay`` first, the page's scripts paused
+(``pause``), so that Chromium's clean-up does not compete for the CPU with the upload and
+archiving of the result; a task that finds no tab ready starts it at once (``BrowserPool``).
+
 ``tests/test_tabs.py`` proves it: state set by one task is invisible to the next. A tab whose
 page crashed, or that failed to wipe in time, is closed instead of reused, and every tab is
 replaced after ``max_uses`` tasks so that a long-lived renderer cannot accumulate leaks.
@@ -52,6 +57,7 @@ class Tab:
         self.origins: set[str] = set()
         self._viewport: tuple[int, int] | None = None
         self._headers_set = False
+        self._paused = False
         self._chores: set[asyncio.Future[Any]] = set()
         page.on("dialog", self._dialog)
         page.on("request", self._seen)
@@ -103,6 +109,12 @@ class Tab:
         data = await self._cdp("Page.captureScreenshot", params)
         return base64.b64decode(data["data"])
 
+    async def pause(self) -> None:
+        """Stop the last task's page from running scripts (timers, animation frames) while its
+        wipe waits; ``wipe`` turns them back on once the page has left."""
+        self._paused = True
+        await self._cdp("Emulation.setScriptExecutionDisabled", {"value": True})
+
     async def wipe(self) -> None:
         """Remove every trace of the last task (raises when the tab cannot be trusted any more)."""
         async with asyncio.timeout(WIPE_TIMEOUT):
@@ -111,6 +123,9 @@ class Tab:
                     await extra.close()
             await self.context.unroute_all(behavior="ignoreErrors")
             await self.page.goto("about:blank", wait_until="load")
+            if self._paused:
+                await self._cdp("Emulation.setScriptExecutionDisabled", {"value": False})
+                self._paused = False
             await self._cdp("Page.resetNavigationHistory")
             await self.page.evaluate("() => { window.name = ''; }")
             await self.context.clear_cookies()

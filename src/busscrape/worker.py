@@ -84,7 +84,8 @@ class Worker(PullService):
         w = self.settings.worker
         self.pool = await self._stack.enter_async_context(
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
-                        recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses))
+                        recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses,
+                        tab_wipe_delay=w.tab_wipe_delay))
         self.renderer = Renderer(self.pool, self.policy, egress, w, self.gate)
         await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
