@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import struct
@@ -9,15 +10,17 @@ import struct
 import orjson
 import pytest
 
-from busscrape import subjects
+from busscrape import streams as admin
+from busscrape import subjects, topology
 from busscrape.artifacts import ArtifactStore, object_name
 from busscrape.messages import ScrapeResult, TaskOptions
 from busscrape.steps import Click, Evaluate, Fill, Press, Screenshot, Scroll, WaitFor, WaitStable
+from busscrape.taskstatus import StatusBoard
 from busscrape.worker import Worker
 
 from .conftest import make_settings
 from .support import pages
-from .support.bus import count, dead_letters, enqueue, results
+from .support.bus import count, dead_letters, enqueue, results, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -115,6 +118,36 @@ async def test_404_dead_letters_at_once_and_500_retries_then_dead_letters_with_h
     assert [a.attempt for a in history] == [1, 2, 3] and all(a.status == 500 for a in history)
     assert letters["http_500"].task is not None and letters["http_500"].stage == "worker"
     assert await count(wbus.js, subjects.TASKS_STREAM) == 0
+
+
+async def test_a_dead_task_is_kept_until_its_dead_status_is_recorded(wbus, wsettings, site, stamps):
+    """`busscrape run` waits for the `dead` record: without the STATUS bucket the letter is filed
+    but the task stays in TASKS; once the bucket is back, the worker (or, after the last delivery,
+    the reaper) records it and the task leaves."""
+    await wbus.js.delete_key_value(subjects.STATUS_BUCKET)
+    task = await enqueue(wbus.js, site.url("/status?code=404"))
+    async with Worker(wbus, wsettings.with_overrides(worker={"exit_when_idle": "1h"})) as worker:
+        running = asyncio.create_task(worker.run())
+        await wait_until(lambda: _letters(wbus.js, 1), timeout=60)
+        await asyncio.sleep(1.5)  # several redeliveries' worth (retry_base_delay 200ms)
+        assert await count(wbus.js, subjects.TASKS_STREAM) == 1  # filed, but not acked
+        assert worker.counters["dead"] == 0
+        await admin.apply(wbus.js, topology.load(wsettings))  # STATUS is back
+        await wait_until(lambda: _tasks_gone(wbus.js), timeout=60)
+        worker.stop()
+        await asyncio.wait_for(running, 60)
+    history = await StatusBoard(wbus.js).history(task.task_id)
+    assert history and history[-1].state == "dead" and history[-1].reason == "http_404"
+    [letter] = await dead_letters(wbus.js)  # filed once, however often it was redelivered
+    assert letter.reason == "http_404" and letter.task_id == task.task_id
+
+
+async def _letters(js, n: int) -> bool:
+    return await count(js, subjects.DEADLETTER_STREAM) >= n
+
+
+async def _tasks_gone(js) -> bool:
+    return await count(js, subjects.TASKS_STREAM) == 0
 
 
 async def test_a_retry_then_success_is_one_result(wbus, wsettings, site, stamps):

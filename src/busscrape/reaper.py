@@ -4,8 +4,9 @@ When a worker dies (or goes silent) on a task's last allowed delivery, nobody is
 dead-letter it: JetStream keeps the message in TASKS but stops delivering it, and publishes a
 MAX_DELIVERIES advisory, which TASK_ADVISORIES captures. The reaper (inside every worker,
 sharing one durable consumer) turns each advisory into a dead letter carrying the attempt
-history, then deletes the task from TASKS, then acks the advisory — in that order, so a crash
-at any point repeats the work idempotently (same ``Nats-Msg-Id`` as the worker would use).
+history, records the task ``dead`` in STATUS, then deletes the task from TASKS, then acks the
+advisory — in that order, so a crash or a lost record at any point repeats the work
+idempotently (same ``Nats-Msg-Id`` as the worker would use).
 """
 
 from __future__ import annotations
@@ -96,13 +97,17 @@ class Reaper:
                 host=deadletters.host_of(task.url), attempts=history, task=task, source=source)
             msg_id = deadletters.task_letter_id(task.task_id, seq)
         await deadletters.file(js, letter, msg_id=msg_id, telemetry=self.telemetry)
+        # `busscrape run` waits for the `dead` record: until it is stored, the task stays in TASKS
+        # and the advisory comes back (filing again is deduplicated by the letter's msg id).
+        if letter.task_id and not await self.board.record(TaskStatus(
+                task_id=letter.task_id, state="dead", url=letter.url, reason=letter.reason, error=letter.error[:500],
+                dispatched_at=letter.task.dispatched_at if letter.task else None, attempt=deliveries)):
+            await advisory.nak(delay=5)
+            return
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_msg(subjects.TASKS_STREAM, seq)
         if letter.task_id:
             await self.attempts.clear(letter.task_id, seq)
-            await self.board.record(TaskStatus(
-                task_id=letter.task_id, state="dead", url=letter.url, reason=letter.reason, error=letter.error[:500],
-                dispatched_at=letter.task.dispatched_at if letter.task else None, attempt=deliveries))
         await advisory.ack_sync()
         self.reaped += 1
         log.warning("reaper.reaped", task_id=letter.task_id, seq=seq, deliveries=deliveries)

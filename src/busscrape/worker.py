@@ -256,10 +256,15 @@ class Worker(PullService):
             log.warning("deadletter.unavailable", error=repr(err))
             await msg.nak(delay=self.retry_delay(1, None))
             return
+        # Recorded before the ack, and the task kept until it is: `busscrape run` waits for this
+        # record. A redelivery files the same letter again (deduplicated) and records again; the
+        # last delivery's goes to the reaper, which does the same.
+        if not await self._status(task, "dead", attempt=len(history), reason=exc.reason, error=error[:500]):
+            await msg.nak(delay=self.retry_delay(1, None))
+            return
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         await self.attempts.clear(task.task_id, seq)
         self.count("dead")
-        await self._status(task, "dead", attempt=len(history), reason=exc.reason, error=error[:500])
 
     async def _poison(self, msg: Msg, exc: MessageDecodeError) -> None:
         letter = deadletters.poison("worker", msg, exc)
@@ -273,8 +278,8 @@ class Worker(PullService):
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         self.count("poison")
 
-    async def _status(self, task: ScrapeTask, state: str, **fields: Any) -> None:
-        await self.board.record(TaskStatus(task_id=task.task_id, state=state, url=task.url,  # type: ignore[arg-type]
+    async def _status(self, task: ScrapeTask, state: str, **fields: Any) -> bool:
+        return await self.board.record(TaskStatus(task_id=task.task_id, state=state, url=task.url,  # type: ignore[arg-type]
                                            dispatched_at=task.dispatched_at, worker=self.settings.worker.name,
                                            **fields))
 
