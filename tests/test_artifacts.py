@@ -3,8 +3,9 @@ import os
 
 import pytest
 
+from busscrape import subjects
 from busscrape.artifacts import ArtifactStore, object_name
-from busscrape.errors import ArtifactUnusable
+from busscrape.errors import ArtifactUnusable, StorageUnavailable
 from busscrape.subjects import ARTIFACTS_BUCKET
 
 
@@ -39,3 +40,15 @@ async def test_a_checksum_mismatch_is_unusable(applied):
     with pytest.raises(ArtifactUnusable) as info:
         await store.read(forged)
     assert info.value.reason == "artifact_checksum_mismatch"
+
+
+async def test_a_put_that_nats_refuses_leaves_nothing_behind(applied):
+    """The meta goes out behind the chunks without waiting for them: when a chunk is refused,
+    the meta that may already have landed is purged with the chunks."""
+    config = (await applied.js.stream_info(subjects.ARTIFACTS_STREAM)).config
+    config.max_msg_size = 64 * 1024  # chunks (256 KiB) are refused, the meta (~300 bytes) is not
+    await applied.js.update_stream(config)
+    with pytest.raises(StorageUnavailable):
+        await ArtifactStore(applied.js).put("r/1/1/x.png", os.urandom(300_000), "image/png", kind="screenshot",
+                                            file="screenshot.png")
+    assert (await applied.js.stream_info(subjects.ARTIFACTS_STREAM)).state.messages == 0

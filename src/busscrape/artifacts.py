@@ -5,7 +5,9 @@ Objects use NATS's own object-store layout (``$O.ARTIFACTS.C.<nuid>`` chunks, a 
 This module writes it directly rather than through nats-py's ``ObjectStore`` because that one
 publishes chunk after chunk, each waiting for its ack, and reads whole objects into memory:
 here chunks are pipelined and reads are streamed, chunk by chunk, with the digest checked
-at the end.
+at the end. Chunks go through ``publisher.Publisher`` rather than ``js.publish_async``, whose
+future never settles when the server refuses a message (nats-py raises inside its reply
+handler instead), which would hang the upload.
 
 Object names are ``<task_id>/<task_seq>/<attempt>/<file>``: a retry never overwrites the bytes
 another attempt's result may point to.
@@ -17,7 +19,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,10 +30,11 @@ from nats.js import JetStreamContext
 
 from .errors import ArtifactUnusable, StorageUnavailable
 from .messages import ArtifactRef
+from .publisher import Publication, Publisher, PublishFailed
 from .subjects import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 
 CHUNK_SIZE = 256 * 1024
-_WINDOW = 16  # chunks in flight per object when writing
+_WINDOW = 64  # chunks in flight when writing (all objects of this store together)
 _READ_BATCH = 8  # chunks per batched direct get when reading (2 MiB)
 _READ_TIMEOUT = 30.0
 _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
@@ -53,9 +56,26 @@ def _chunk_subject(nuid: str) -> str:
 class ArtifactStore:
     """Put, stream and delete artifacts in the ARTIFACTS bucket."""
 
-    def __init__(self, js: JetStreamContext) -> None:
+    def __init__(self, js: JetStreamContext, *, timeout: float = 10.0) -> None:
         self._js = js
         self._nc = js._nc  # for NUIDs, as nats-py's object store does
+        self.timeout = timeout
+        self._publisher: Publisher | None = None
+        self._opening = asyncio.Lock()
+
+    async def close(self) -> None:
+        """Stop the publisher behind ``put`` (if one was started)."""
+        if self._publisher is not None:
+            await self._publisher.close()
+            self._publisher = None
+
+    async def _writer(self) -> Publisher:
+        async with self._opening:
+            if self._publisher is None:
+                publisher = Publisher(self._nc, window=_WINDOW, timeout=self.timeout, retries=2)
+                await publisher.__aenter__()
+                self._publisher = publisher
+        return self._publisher
 
     async def put(self, name: str, data: bytes, content_type: str, *, kind: str, file: str) -> ArtifactRef:
         """Store ``data`` under ``name`` and return its claim check.
@@ -66,18 +86,19 @@ class ArtifactStore:
         chunk_subject = _chunk_subject(nuid)
         digest = hashlib.sha256(data).digest()
         view = memoryview(data)
+        loop = asyncio.get_running_loop()
+        acks: list[asyncio.Future[Publication]] = []
+
+        def settle(done: asyncio.Future[Publication]) -> Callable[[Publication], None]:
+            return lambda pub: done.done() or done.set_result(pub)
+
         try:
-            pending: set[asyncio.Future] = set()
+            writer = await self._writer()
             chunks = 0
             for offset in range(0, len(data), CHUNK_SIZE):
-                if len(pending) >= _WINDOW:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for fut in done:
-                        fut.result()
-                pending.add(await self._js.publish_async(chunk_subject, bytes(view[offset:offset + CHUNK_SIZE])))
+                acks.append(loop.create_future())
+                await writer.submit(chunk_subject, bytes(view[offset:offset + CHUNK_SIZE]), None, settle(acks[-1]))
                 chunks += 1
-            for fut in asyncio.as_completed(pending):
-                await fut
             info = {
                 "name": name,
                 "bucket": ARTIFACTS_BUCKET,
@@ -89,10 +110,18 @@ class ArtifactStore:
                 "headers": {"Content-Type": [content_type]},
                 "options": {"max_chunk_size": CHUNK_SIZE},
             }
-            await self._js.publish(_meta_subject(name), orjson.dumps(info), headers=dict(_ROLLUP))
-        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            # The meta goes out right behind the chunks, not after their PubAcks: one round trip per
+            # artifact instead of two. Nothing points at the object before every PubAck is in (the
+            # result is published after), and a failure purges chunks and meta alike.
+            acks.append(loop.create_future())
+            await writer.submit(_meta_subject(name), orjson.dumps(info), dict(_ROLLUP), settle(acks[-1]))
+            for pub in await asyncio.gather(*acks):
+                if pub.error is not None:
+                    raise pub.error
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError, PublishFailed) as exc:
             await self._purge_quietly(chunk_subject)
-            raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc!r}") from None
+            await self._purge_quietly(_meta_subject(name))
+            raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc}") from None
         return ArtifactRef(name=file, kind=kind, object=name, size=len(data), sha256=digest.hex(),  # type: ignore[arg-type]
                            content_type=content_type, nuid=nuid)
 

@@ -70,7 +70,7 @@ class Worker(PullService):
         self.policy = NetworkPolicy.from_settings(settings.network.allow)
         self.gate = HostGate(w.host_concurrency, w.host_delay)
         self.attempts = AttemptLog(bus.js)
-        self.artifacts = ArtifactStore(bus.js)
+        self.artifacts = ArtifactStore(bus.js, timeout=settings.nats.request_timeout)
         self.board = StatusBoard(bus.js)
         self.max_deliver = settings.streams.worker_max_deliver
         self.pool: BrowserPool | None = None
@@ -100,6 +100,7 @@ class Worker(PullService):
         return {**await super().checks(), "browser": self.pool is not None and self.pool.up}
 
     async def teardown(self) -> None:
+        await self.artifacts.close()
         await self._stack.aclose()
 
     async def background(self) -> list[asyncio.Task[Any]]:
