@@ -19,7 +19,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -86,18 +86,12 @@ class ArtifactStore:
         chunk_subject = _chunk_subject(nuid)
         digest = hashlib.sha256(data).digest()
         view = memoryview(data)
-        loop = asyncio.get_running_loop()
         acks: list[asyncio.Future[Publication]] = []
-
-        def settle(done: asyncio.Future[Publication]) -> Callable[[Publication], None]:
-            return lambda pub: done.done() or done.set_result(pub)
-
         try:
             writer = await self._writer()
             chunks = 0
             for offset in range(0, len(data), CHUNK_SIZE):
-                acks.append(loop.create_future())
-                await writer.submit(chunk_subject, bytes(view[offset:offset + CHUNK_SIZE]), None, settle(acks[-1]))
+                acks.append(await writer.send(chunk_subject, bytes(view[offset:offset + CHUNK_SIZE])))
                 chunks += 1
             info = {
                 "name": name,
@@ -113,8 +107,7 @@ class ArtifactStore:
             # The meta goes out right behind the chunks, not after their PubAcks: one round trip per
             # artifact instead of two. Nothing points at the object before every PubAck is in (the
             # result is published after), and a failure purges chunks and meta alike.
-            acks.append(loop.create_future())
-            await writer.submit(_meta_subject(name), orjson.dumps(info), dict(_ROLLUP), settle(acks[-1]))
+            acks.append(await writer.send(_meta_subject(name), orjson.dumps(info), dict(_ROLLUP)))
             for pub in await asyncio.gather(*acks):
                 if pub.error is not None:
                     raise pub.error

@@ -215,8 +215,10 @@ class Publisher:
         await self._send(pub)
         return pub
 
-    async def publish(self, subject: str, payload: bytes, headers: dict[str, str] | bytes | None = None) -> PubAck:
-        """Publish one message and wait for its PubAck; raises ``PublishFailed``."""
+    async def send(self, subject: str, payload: bytes,
+                   headers: dict[str, str] | bytes | None = None) -> asyncio.Future[Publication]:
+        """Send once a window slot is free; the returned future resolves to the settled
+        publication (its ``ack`` or its ``error``), so many can be sent before any is awaited."""
         settled: asyncio.Future[Publication] = asyncio.get_running_loop().create_future()
 
         def done(pub: Publication) -> None:
@@ -224,7 +226,11 @@ class Publisher:
                 settled.set_result(pub)
 
         await self.submit(subject, payload, headers, done)
-        pub = await settled
+        return settled
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str] | bytes | None = None) -> PubAck:
+        """Publish one message and wait for its PubAck; raises ``PublishFailed``."""
+        pub = await (await self.send(subject, payload, headers))
         if pub.error is not None:
             raise pub.error
         assert pub.ack is not None

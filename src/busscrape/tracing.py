@@ -31,15 +31,15 @@ def recording() -> bool:
     return type(trace.get_tracer_provider()).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider")
 
 
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
+
+
 def new_traceparent() -> str:
     """A fresh sampled trace context for a new task (cheap: no span object needed)."""
     ids = os.urandom(24).hex()
     if ids.startswith(_ZERO_TRACE_ID) or ids.endswith(_ZERO_SPAN_ID):  # invalid in W3C; about never
         return new_traceparent()
     return f"00-{ids[:32]}-{ids[32:]}-01"
-
-
-_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
 
 
 def task_traceparent(task_id: str, url: str, *, record: bool | None = None) -> str:
