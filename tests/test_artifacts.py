@@ -1,12 +1,13 @@
 import hashlib
 import os
 
+import orjson
 import pytest
 
 from busscrape import subjects
-from busscrape.artifacts import ArtifactStore, object_name
+from busscrape.artifacts import ArtifactStore, _chunk_subject, _meta_subject, _placeholder, object_name
 from busscrape.errors import ArtifactUnusable, StorageUnavailable
-from busscrape.subjects import ARTIFACTS_BUCKET
+from busscrape.subjects import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 
 
 async def test_put_stream_and_delete_a_large_object(applied):
@@ -43,8 +44,8 @@ async def test_a_checksum_mismatch_is_unusable(applied):
 
 
 async def test_a_put_that_nats_refuses_leaves_nothing_behind(applied):
-    """The meta goes out behind the chunks without waiting for them: when a chunk is refused,
-    the meta that may already have landed is purged with the chunks."""
+    """The metas go out around the chunks without waiting for them: when a chunk is refused,
+    the placeholder and meta that may already have landed are purged with the chunks."""
     config = (await applied.js.stream_info(subjects.ARTIFACTS_STREAM)).config
     config.max_msg_size = 64 * 1024  # chunks (256 KiB) are refused, the meta (~300 bytes) is not
     await applied.js.update_stream(config)
@@ -52,3 +53,20 @@ async def test_a_put_that_nats_refuses_leaves_nothing_behind(applied):
         await ArtifactStore(applied.js).put("r/1/1/x.png", os.urandom(300_000), "image/png", kind="screenshot",
                                             file="screenshot.png")
     assert (await applied.js.stream_info(subjects.ARTIFACTS_STREAM)).state.messages == 0
+
+
+async def test_a_put_cut_short_is_found_by_its_name_and_discarded(applied):
+    """What a writer killed mid-put leaves: its placeholder meta and some chunks, no meta."""
+    js, store = applied.js, ArtifactStore(applied.js)
+    name = object_name("b" * 32, 3, 1, "screenshot.png")
+    await js.publish(_meta_subject(name), orjson.dumps(_placeholder(name, "CUTSHORT1")), stream=ARTIFACTS_STREAM)
+    await js.publish(_chunk_subject("CUTSHORT1"), os.urandom(1000), stream=ARTIFACTS_STREAM)
+    assert await store._info(name) is None  # no reader takes the placeholder for an object
+    assert await store.discard(name) is True
+    assert (await js.stream_info(ARTIFACTS_STREAM)).state.messages == 0
+    assert await store.discard(name) is False  # idempotent
+
+    # and a finished object, likewise
+    ref = await store.put(name, b"<png>", "image/png", kind="screenshot", file="screenshot.png")
+    assert await store.exists(ref) and await store.discard(name) is True
+    assert (await js.stream_info(ARTIFACTS_STREAM)).state.messages == 0

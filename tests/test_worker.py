@@ -14,6 +14,7 @@ from busscrape import streams as admin
 from busscrape import subjects, topology
 from busscrape.artifacts import ArtifactStore, object_name
 from busscrape.messages import ScrapeResult, TaskOptions
+from busscrape.render import capture_files
 from busscrape.steps import Click, Evaluate, Fill, Press, Screenshot, Scroll, WaitFor, WaitStable
 from busscrape.taskstatus import StatusBoard
 from busscrape.worker import Worker
@@ -288,6 +289,77 @@ async def test_a_killed_attempt_between_publish_and_ack_leaves_one_result(wbus, 
     for ref in result.artifacts:
         second = ref.model_copy(update={"object": object_name(result.task_id, result.task_seq, 2, ref.name)})
         assert not await store.exists(second)
+
+
+class DiesAfterStoring(Worker):
+    """Simulates SIGKILL after the task's artifacts are stored but before its result is published."""
+
+    async def _publish(self, task, result):
+        raise SystemExit  # what a kill looks like from here: nothing more happens
+
+    async def handle(self, msg):
+        try:
+            await super().handle(msg)
+        except SystemExit:
+            self.stop()
+
+
+async def die_after_storing(bus, settings) -> None:
+    async with DiesAfterStoring(bus, settings.with_overrides(worker={"max_tasks": 1, "grace_period": 0.1})) as w:
+        await w.run()
+
+
+async def live_objects(bus) -> int:
+    """Objects whose chunks are still in ARTIFACTS (a released or discarded one has none)."""
+    info = await bus.js.stream_info(subjects.ARTIFACTS_STREAM, subjects_filter=f"$O.{subjects.ARTIFACTS_BUCKET}.C.>")
+    return len(info.state.subjects or {})
+
+
+@pytest.fixture
+async def short_ack(wbus, wsettings):
+    """A 2s ack_wait, so a killed attempt's task comes back quickly."""
+    short = wsettings.with_overrides(streams={"worker_ack_wait": "2s"})
+    await admin.apply(wbus.js, topology.load(short))
+    return short
+
+
+async def test_a_retry_discards_what_a_killed_attempt_stored(wbus, short_ack, site, stamps):
+    options = TaskOptions(artifacts=("html", "screenshot", "har", "text"))
+    task = await enqueue(wbus.js, site.url("/static"), steps=(Screenshot(name="top"),), options=options)
+    await die_after_storing(wbus, short_ack)
+    assert await live_objects(wbus) == 5 and await results(wbus.js) == []
+    w2 = await run_worker(wbus, short_ack, exit_when_idle=4)
+    [result] = await results(wbus.js)
+    assert result.attempt == 2 and w2.counters["leftovers_discarded"] == 5
+    # the files a task is known to capture are the ones it did: that is how leftovers are found
+    assert sorted(capture_files(task)) == sorted(ref.name for ref in result.artifacts)
+    assert await live_objects(wbus) == len(result.artifacts) == 5  # attempt 2's, for the ingester
+    store = ArtifactStore(wbus.js)
+    assert all([await store.exists(ref) for ref in result.artifacts])
+
+
+async def test_a_dead_letter_after_a_killed_attempt_leaves_no_artifacts(wbus, short_ack, site, stamps):
+    # the first request renders (and its worker dies after storing); the second is a 404
+    await enqueue(wbus.js, site.url("/flaky?ok=1&fail=99&code=404&key=leftovers"))
+    await die_after_storing(wbus, short_ack)
+    assert await live_objects(wbus) == 4
+    w2 = await run_worker(wbus, short_ack, exit_when_idle=4)
+    [letter] = await dead_letters(wbus.js)
+    assert letter.reason == "http_404" and w2.counters["dead"] == 1 and w2.counters["leftovers_discarded"] == 4
+    assert (await wbus.js.stream_info(subjects.ARTIFACTS_STREAM)).state.messages == 0
+
+
+async def test_the_reaper_discards_what_the_killed_deliveries_stored(wbus, short_ack, site, stamps):
+    reaped = short_ack.with_overrides(streams={"worker_max_deliver": 2})
+    await admin.apply(wbus.js, topology.load(reaped))
+    await enqueue(wbus.js, site.url("/static"))
+    for _ in range(2):  # both deliveries die after storing: the reaper files the letter
+        await die_after_storing(wbus, reaped)
+    assert await live_objects(wbus) == 8
+    host = await run_worker(wbus, reaped, exit_when_idle=6)
+    [letter] = await dead_letters(wbus.js)
+    assert letter.stage == "reaper" and host.counters.get("completed", 0) == 0
+    assert (await wbus.js.stream_info(subjects.ARTIFACTS_STREAM)).state.messages == 0
 
 
 async def test_jpeg_screenshots_with_quality(wbus, wsettings, site, stamps):

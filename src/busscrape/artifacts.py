@@ -10,7 +10,9 @@ future never settles when the server refuses a message (nats-py raises inside it
 handler instead), which would hang the upload.
 
 Object names are ``<task_id>/<task_seq>/<attempt>/<file>``: a retry never overwrites the bytes
-another attempt's result may point to.
+another attempt's result may point to. Before its chunks, a put rolls a placeholder meta (marked
+deleted, so no reader takes it for the object) onto the name: whatever a killed writer leaves is
+then found by name alone, which is how ``leftovers`` clears the objects of attempts that died.
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class ArtifactStore:
         acks: list[asyncio.Future[Publication]] = []
         try:
             writer = await self._writer()
+            # Same connection, so the server has it before any chunk: chunks are never nameless.
+            acks.append(await writer.send(_meta_subject(name), orjson.dumps(_placeholder(name, nuid)),
+                                          dict(_ROLLUP)))
             chunks = 0
             for offset in range(0, len(data), CHUNK_SIZE):
                 acks.append(await writer.send(chunk_subject, bytes(view[offset:offset + CHUNK_SIZE])))
@@ -214,11 +219,32 @@ class ArtifactStore:
         await self._js.publish(_meta_subject(name), orjson.dumps(tombstone), headers=dict(_ROLLUP))
         await self._purge_quietly(_chunk_subject(info["nuid"]))
 
+    async def discard(self, name: str) -> bool:
+        """Purge whatever is stored under ``name``, finished or not (idempotent).
+
+        For objects no result points at: a put cut short leaves its placeholder meta, which
+        ``delete`` (finished objects only) would pass over. True when there was something.
+        """
+        try:
+            msg = await self._js.get_last_msg(ARTIFACTS_STREAM, _meta_subject(name))
+        except nats.js.errors.NotFoundError:
+            return False
+        nuid = orjson.loads(msg.data).get("nuid")
+        if nuid:
+            await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(nuid))
+        await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(name))
+        return True
+
     async def _purge_quietly(self, subject: str) -> None:
         try:
             await self._js.purge_stream(ARTIFACTS_STREAM, subject=subject)
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError):
             pass  # the bucket's TTL collects what is left
+
+
+def _placeholder(name: str, nuid: str) -> dict[str, Any]:
+    """The meta a put starts with: where its chunks go, and "deleted" until the real meta lands."""
+    return {"name": name, "bucket": ARTIFACTS_BUCKET, "nuid": nuid, "size": 0, "chunks": 0, "deleted": True}
 
 
 def _missing(ref: ArtifactRef) -> ArtifactUnusable:

@@ -4,7 +4,8 @@ When a worker dies (or goes silent) on a task's last allowed delivery, nobody is
 dead-letter it: JetStream keeps the message in TASKS but stops delivering it, and publishes a
 MAX_DELIVERIES advisory, which TASK_ADVISORIES captures. The reaper (inside every worker,
 sharing one durable consumer) turns each advisory into a dead letter carrying the attempt
-history, records the task ``dead`` in STATUS, then deletes the task from TASKS, then acks the
+history, discards the artifacts those deliveries stored (``leftovers``), records the task
+``dead`` in STATUS, then deletes the task from TASKS, then acks the
 advisory — in that order, so a crash or a lost record at any point repeats the work
 idempotently (same ``Nats-Msg-Id`` as the worker would use).
 """
@@ -20,7 +21,8 @@ import orjson
 import structlog
 from nats.aio.msg import Msg
 
-from . import deadletters, subjects
+from . import deadletters, leftovers, subjects
+from .artifacts import ArtifactStore
 from .attempts import AttemptLog
 from .bus import Bus
 from .errors import MessageDecodeError
@@ -39,6 +41,7 @@ class Reaper:
         self.telemetry = telemetry
         self.attempts = attempts
         self.board = StatusBoard(bus.js)
+        self.artifacts = ArtifactStore(bus.js)  # reads and purges only: no publisher to close
         self.reaped = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -97,6 +100,8 @@ class Reaper:
                 host=deadletters.host_of(task.url), attempts=history, task=task, source=source)
             msg_id = deadletters.task_letter_id(task.task_id, seq)
         await deadletters.file(js, letter, msg_id=msg_id, telemetry=self.telemetry)
+        if letter.task is not None:  # what the deliveries that died stored, nothing will archive
+            await leftovers.settle(js, self.artifacts, letter.task, seq, range(1, max(deliveries, 1) + 1))
         # `busscrape run` waits for the `dead` record: until it is stored, the task stays in TASKS
         # and the advisory comes back (filing again is deduplicated by the letter's msg id).
         if letter.task_id and not await self.board.record(TaskStatus(

@@ -42,10 +42,12 @@ from .page_steps import run_steps
 from .politeness import HostGate
 from .settings import WorkerSettings
 from .statuses import StatusPolicy
+from .steps import Screenshot
 from .tabs import Tab
 
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "text": "text/plain; charset=utf-8",
                  "har": "application/json", "png": "image/png", "jpeg": "image/jpeg"}
+HTML_FILE, TEXT_FILE, HAR_FILE = "page.html", "page.txt", "page.har"
 
 # One round trip for what is read from the DOM after the steps (the HTML itself comes from
 # page.content(), which moves large documents faster than an evaluate() return value).
@@ -76,6 +78,21 @@ _NAV_ERRORS: list[tuple[str, type, str]] = [
     ("Target closed", BrowserCrashed, "browser_crashed"),
     ("net::", PageNetworkError, "network_error"),
 ]
+
+
+def screenshot_file(task: ScrapeTask, step: str | None = None) -> str:
+    """``screenshot.png`` for the page, ``shot-<step>.png`` for a screenshot step (``.jpg`` for JPEG)."""
+    ext = "jpg" if task.options.screenshot.format == "jpeg" else "png"
+    return f"shot-{step}.{ext}" if step else f"screenshot.{ext}"
+
+
+def capture_files(task: ScrapeTask) -> list[str]:
+    """Every file a render of ``task`` stores: how the objects of an attempt that died are found."""
+    wanted = task.options.artifacts
+    files = [file for kind, file in (("html", HTML_FILE), ("text", TEXT_FILE), ("har", HAR_FILE)) if kind in wanted]
+    if "screenshot" in wanted:
+        files.append(screenshot_file(task))
+    return files + [screenshot_file(task, step.name) for step in task.steps if isinstance(step, Screenshot)]
 
 
 @dataclass(frozen=True)
@@ -246,11 +263,10 @@ class Renderer:
             raise PermanentStatus(f"HTTP {status} from {page.url}", reason=f"http_{status}")
 
         shots: list[Capture] = []
-        ext = "jpg" if opts.screenshot.format == "jpeg" else "png"
 
         async def extra_shot(name: str, full_page: bool) -> None:
             data = await self._screenshot(tab, task, full_page=full_page, height=None)
-            shots.append(Capture(f"shot-{name}.{ext}", "extra_screenshot", CONTENT_TYPES[opts.screenshot.format],
+            shots.append(Capture(screenshot_file(task, name), "extra_screenshot", CONTENT_TYPES[opts.screenshot.format],
                                  data))
 
         await run_steps(page, task.steps, default_timeout=nav_timeout / 1000,
@@ -268,7 +284,6 @@ class Renderer:
     async def _capture(self, visit: _Visit) -> Rendered:
         page, task, har, timings = visit.page, visit.task, visit.har, visit.timings
         opts = task.options
-        ext = "jpg" if opts.screenshot.format == "jpeg" else "png"
         dom = await page.evaluate(_CAPTURE_JS, "text" in opts.artifacts)
         if "html" in opts.artifacts:
             dom["html"] = await page.content()
@@ -276,7 +291,7 @@ class Renderer:
         if "screenshot" in opts.artifacts:
             data = await self._screenshot(visit.tab, task, full_page=opts.screenshot.full_page, height=dom["height"])
             rendered.insert(1 if rendered and rendered[0].kind == "html" else 0,
-                            Capture(f"screenshot.{ext}", "screenshot", CONTENT_TYPES[opts.screenshot.format], data))
+                            Capture(screenshot_file(task), "screenshot", CONTENT_TYPES[opts.screenshot.format], data))
         rendered += visit.shots
         dropped = False
         timings.update({k: round(v, 1) for k, v in (dom.get("timing") or {}).items() if v})
@@ -289,7 +304,7 @@ class Renderer:
                                                         "onLoad": timings.get("load", -1)})
             except ValueError as exc:
                 raise LimitExceeded(str(exc), reason="har_too_large") from None
-            rendered.append(Capture("page.har", "har", CONTENT_TYPES["har"], data))
+            rendered.append(Capture(HAR_FILE, "har", CONTENT_TYPES["har"], data))
         blocked = [url for url, why in visit.failed if "SOCKS" in why or "blockedbyclient" in why]
         return Rendered(final_url=page.url, status=visit.status, redirect_chain=visit.chain,
                         response_headers=visit.headers, title=dom["title"][:1000], timings=timings,
@@ -302,10 +317,10 @@ class Renderer:
             if len(html) > self.settings.max_page_bytes:
                 raise LimitExceeded(f"rendered HTML is {len(html)} bytes, over max_page_bytes "
                                     f"{self.settings.max_page_bytes}", reason="page_too_large")
-            out.append(Capture("page.html", "html", CONTENT_TYPES["html"], html))
+            out.append(Capture(HTML_FILE, "html", CONTENT_TYPES["html"], html))
         if "text" in task.options.artifacts:
             text = dom["text"].encode("utf-8", "surrogatepass")
-            out.append(Capture("page.txt", "text", CONTENT_TYPES["text"], text[: self.settings.max_page_bytes]))
+            out.append(Capture(TEXT_FILE, "text", CONTENT_TYPES["text"], text[: self.settings.max_page_bytes]))
         return out
 
     async def _screenshot(self, tab: Tab, task: ScrapeTask, *, full_page: bool, height: int | None) -> bytes:

@@ -28,7 +28,7 @@ import structlog
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
 
-from . import deadletters, subjects, tracing
+from . import deadletters, leftovers, subjects, tracing
 from .artifacts import ArtifactStore, object_name
 from .attempts import AttemptLog
 from .browser import BrowserPool
@@ -206,11 +206,22 @@ class Worker(PullService):
             await self._drop(result.artifacts)
             raise StorageUnavailable(f"RESULTS did not take the result: {exc!r}",
                                      reason="results_unavailable") from None
+        keep = None
         if ack.duplicate:
             # An earlier delivery of this task already published its result (and was killed
             # before its ack): that result stands; these artifacts would be orphans.
             self.count("duplicate_results")
             await self._drop(result.artifacts)
+        else:
+            keep = {ref.object for ref in result.artifacts}
+        if result.attempt > 1:
+            await self._sweep(task, result.task_seq, range(1, result.attempt), keep)
+
+    async def _sweep(self, task: ScrapeTask, seq: int, attempts: range, keep: set[str] | None = None) -> None:
+        """Before the ack, so a kill leaves the task (and this) to the next delivery."""
+        found = await leftovers.settle(self.bus.js, self.artifacts, task, seq, attempts, keep)
+        if found:  # objects, not tasks: kept out of the task metric
+            self.counters["leftovers_discarded"] += found
 
     async def _drop(self, refs: tuple[ArtifactRef, ...] | list[ArtifactRef]) -> None:
         for ref in refs:
@@ -231,7 +242,7 @@ class Worker(PullService):
     async def _failed(self, msg: Msg, task: ScrapeTask, seq: int, attempt: int, exc: RetryableError) -> None:
         history = await self.attempts.record(task.task_id, seq, self._record(attempt, exc))
         if 0 < self.max_deliver <= attempt:
-            await self._file(msg, task, seq, history, exc, last=True)
+            await self._file(msg, task, seq, attempt, history, exc, last=True)
             return
         delay = self.retry_delay(attempt, exc.retry_after)
         self.count("retried")
@@ -241,9 +252,9 @@ class Worker(PullService):
 
     async def _dead(self, msg: Msg, task: ScrapeTask, seq: int, attempt: int, exc: PermanentError) -> None:
         history = await self.attempts.record(task.task_id, seq, self._record(attempt, exc))
-        await self._file(msg, task, seq, history, exc, last=False)
+        await self._file(msg, task, seq, attempt, history, exc, last=False)
 
-    async def _file(self, msg: Msg, task: ScrapeTask, seq: int, history: tuple[AttemptRecord, ...],
+    async def _file(self, msg: Msg, task: ScrapeTask, seq: int, attempt: int, history: tuple[AttemptRecord, ...],
                     exc: BusscrapeError, *, last: bool) -> None:
         error = str(exc) if not last else f"gave up after {len(history)} attempts; last: {exc}"
         letter = DeadLetter(task_id=task.task_id, stage="worker", reason=exc.reason, error=error[:4000],
@@ -257,6 +268,8 @@ class Worker(PullService):
             log.warning("deadletter.unavailable", error=repr(err))
             await msg.nak(delay=self.retry_delay(1, None))
             return
+        if attempt > 1:  # this attempt's own objects too, should its clean-up have failed
+            await self._sweep(task, seq, range(1, attempt + 1))
         # Recorded before the ack, and the task kept until it is: `busscrape run` waits for this
         # record. A redelivery files the same letter again (deduplicated) and records again; the
         # last delivery's goes to the reaper, which does the same.

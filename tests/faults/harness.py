@@ -9,6 +9,7 @@ TASKS, RESULTS, ARTIFACTS) and counts every task.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
 import subprocess
@@ -115,6 +116,8 @@ class Audit:
     tasks_left: int
     results_pending: int
     live_artifacts: int
+    artifact_names: list[str]
+    """Names under which ARTIFACTS still holds a meta (finished or placeholder): to tell which died where."""
 
     @property
     def lost(self) -> set[str]:
@@ -154,7 +157,10 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
     chunks = await bus.js.stream_info(subjects.ARTIFACTS_STREAM,
                                       subjects_filter=f"$O.{subjects.ARTIFACTS_BUCKET}.C.>")
     objects = len(chunks.state.subjects or {})
+    metas = await bus.js.stream_info(subjects.ARTIFACTS_STREAM, subjects_filter=f"$O.{subjects.ARTIFACTS_BUCKET}.M.>")
+    names = sorted(base64.urlsafe_b64decode(subject.rsplit(".", 1)[-1]).decode()
+                   for subject in metas.state.subjects or {})
     return Audit(dispatched=dispatched, archived=archived, dead=dead, poison_found=poison_found,
                  tasks_left=tasks.state.messages,
                  results_pending=(ingest.num_pending or 0) + (ingest.num_ack_pending or 0),
-                 live_artifacts=objects)
+                 live_artifacts=objects, artifact_names=names)

@@ -124,7 +124,7 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
             assert all(d.reason for d in report.dead.values())
             assert report.tasks_left == 0 and report.results_pending == 0
             assert set(poison) <= report.poison_found, "a poison message is missing from DEADLETTER"
-            assert report.live_artifacts == 0
+            assert report.live_artifacts == 0, report.artifact_names
             assert line.startswith(f"tasks={TASKS} ") and " lost=0 duplicates=0 " in line
     finally:
         fleet.stop()

@@ -66,11 +66,13 @@ def install(site: Site) -> dict[str, list[float]]:
 
     @site.route("/flaky")
     async def flaky(request: web.Request) -> web.StreamResponse:
-        """Fails with ?code= the first ?fail= times per ?key=, then serves a page."""
+        """Serves the first ?ok= requests per ?key= (none by default), fails the next ?fail= with ?code=,
+        then serves again (?ok=1&fail=99&code=404: a page that went away)."""
         stamp(request)
         key = request.query.get("key", "")
         failures[key] = failures.get(key, 0) + 1
-        if failures[key] <= int(request.query.get("fail", "1")):
+        ok = int(request.query.get("ok", "0"))
+        if ok < failures[key] <= ok + int(request.query.get("fail", "1")):
             return web.Response(status=int(request.query.get("code", "503")), text="down", content_type="text/html")
         return web.Response(text="<title>recovered</title><p>ok now</p>", content_type="text/html")
 

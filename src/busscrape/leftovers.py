@@ -1,0 +1,80 @@
+"""Leftover artifacts: what earlier deliveries of a task stored in ARTIFACTS that no result points at.
+
+A worker killed between storing a task's artifacts and publishing its result, or whose clean-up
+failed while NATS was away, leaves objects that nothing will archive or release. The bucket's TTL
+would collect them days later; but the delivery that settles the task knows where they are, since
+object names are ``<task_id>/<task_seq>/<attempt>/<file>`` and the files follow from the task
+(``render.capture_files``). So the worker that publishes a retried task's result or files its dead
+letter, and the reaper, discard the earlier attempts' objects, all but those of the result that
+RESULTS holds for this task (when an earlier attempt published one and died before its ack, that
+result is the one the ingester archives).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js import JetStreamContext
+
+from . import subjects
+from .artifacts import ArtifactStore, object_name
+from .errors import MessageDecodeError
+from .messages import ScrapeResult, ScrapeTask, decode
+from .render import capture_files
+
+log = structlog.get_logger("busscrape.leftovers")
+
+_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
+
+
+async def referenced(js: JetStreamContext, task_id: str, seq: int) -> set[str] | None:
+    """The objects of the result RESULTS holds for this task and ``seq`` (empty when it holds none).
+
+    None when that cannot be told (RESULTS does not answer, or its last result for the task is
+    another dispatch's): then nothing may be discarded.
+    """
+    try:
+        msg = await js.get_last_msg(subjects.RESULTS_STREAM, subjects.result_subject(task_id))
+    except nats.js.errors.NotFoundError:
+        return set()
+    except _NATS_ERRORS:
+        return None
+    try:
+        result = decode(ScrapeResult, msg.data or b"")
+    except MessageDecodeError:
+        return None
+    return {ref.object for ref in result.artifacts} if result.task_seq == seq else None
+
+
+async def sweep(store: ArtifactStore, task: ScrapeTask, seq: int, attempts: Iterable[int],
+                keep: set[str]) -> int:
+    """Discard the objects of ``attempts`` of this task, but those in ``keep``; the number found.
+
+    Best effort: what a failing request leaves, the bucket's TTL collects.
+    """
+    names = [name for attempt in attempts for file in capture_files(task)
+             if (name := object_name(task.task_id, seq, attempt, file)) not in keep]
+    outcomes = await asyncio.gather(*(store.discard(name) for name in names), return_exceptions=True)
+    found = sum(1 for outcome in outcomes if outcome is True)
+    failed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
+    if found or failed:
+        log.info("leftovers.discarded", task_id=task.task_id, seq=seq, objects=found, errors=failed[:3])
+    return found
+
+
+async def settle(js: JetStreamContext, store: ArtifactStore, task: ScrapeTask, seq: int, attempts: Iterable[int],
+                 keep: set[str] | None = None) -> int:
+    """Discard the leftovers of ``attempts`` once this task's outcome is recorded.
+
+    ``keep`` is the objects of the result that stands, when the caller knows it (its own result,
+    just published); otherwise RESULTS is asked.
+    """
+    if keep is None:
+        keep = await referenced(js, task.task_id, seq)
+        if keep is None:
+            return 0
+    return await sweep(store, task, seq, attempts, keep)
