@@ -148,6 +148,8 @@ async def latency(urls: list[str], workdir: Path, concurrency: int, every: float
                 if final.state != "archived":
                     raise SystemExit(f"latency task {task_id} ended {final.state}: {final.reason} {final.error}")
                 at = {s.state: s.at for s in await board.history(task_id)}
+                if not {"running", "rendered", "archived"} <= set(at):
+                    raise SystemExit(f"latency task {task_id}: STATUS history holds only {sorted(at)}")
                 ms = {k: (v - dispatched[task_id]).total_seconds() * 1000 for k, v in at.items()}
                 if task_id in first:
                     phases["warm-up"].append(ms["archived"] - renders[task_id])

@@ -83,9 +83,19 @@ class StatusBoard:
         return decode(TaskStatus, entry.value or b"")
 
     async def history(self, task_id: str) -> list[TaskStatus]:
-        """Every recorded transition of ``task_id``, oldest first."""
-        try:
-            entries = await (await self._bucket()).history(task_id)
-        except nats.js.errors.NoKeysError:
-            return []
-        return [decode(TaskStatus, e.value) for e in entries if e.value]
+        """Every recorded transition of ``task_id``, oldest first.
+
+        Read message by message (``next_by_subj``), not through nats-py's ``KeyValue.history``:
+        its watcher can signal "no more" before the first entry when the server pushes the
+        entries after answering its consumer-info request, and then returns nothing at all.
+        """
+        stream, subject = f"KV_{STATUS_BUCKET}", f"$KV.{STATUS_BUCKET}.{task_id}"
+        records, seq = [], 1
+        while True:
+            try:
+                msg = await self._js.get_msg(stream, seq, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                return records
+            if msg.data:  # a delete or purge marker has none
+                records.append(decode(TaskStatus, msg.data))
+            seq = (msg.seq or seq) + 1
