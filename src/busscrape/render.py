@@ -238,13 +238,13 @@ class Renderer:
         try:
             with tracing.span("navigate", **{"url.full": task.url, "busscrape.wait_until": opts.wait_until}):
                 response = await page.goto(task.url, wait_until=opts.wait_until, timeout=nav_timeout)
-        except PlaywrightTimeout:
-            raise NavigationTimeout(f"navigation to {task.url} did not finish in {nav_timeout / 1000:.0f}s "
-                                    f"(wait_until={opts.wait_until})") from None
-        except PlaywrightError as exc:
+        except PlaywrightError as exc:  # a timeout too: a loaded browser may not close the page in time
             if oversize:
                 raise LimitExceeded(f"{task.url} is {oversize[0]} bytes, over max_page_bytes "
                                     f"{self.settings.max_page_bytes}", reason="page_too_large") from None
+            if isinstance(exc, PlaywrightTimeout):
+                raise NavigationTimeout(f"navigation to {task.url} did not finish in {nav_timeout / 1000:.0f}s "
+                                        f"(wait_until={opts.wait_until})") from None
             raise self._navigation_error(task.url, exc, failed, since) from None
         navigated = time.perf_counter()
 
