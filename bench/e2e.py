@@ -75,11 +75,14 @@ async def _span_from_status(workdir: Path) -> float:
     with EmbeddedNatsServer(workdir / "state" / "nats") as server:
         settings = settings_for(workdir, 1, server.url)
         async with await Bus.connect(settings, name="bench-e2e") as bus:
-            kv = await bus.js.key_value(subjects.STATUS_BUCKET)
+            # The keys from the stream's subjects: nats-py's KeyValue.keys() can come back empty
+            # (its watcher may signal "done" before the first key arrives; seen once here).
+            info = await bus.js.stream_info(f"KV_{subjects.STATUS_BUCKET}",
+                                            subjects_filter=f"$KV.{subjects.STATUS_BUCKET}.>")
             board = StatusBoard(bus.js)
             first, last, count = None, None, 0
-            for key in await kv.keys():
-                for status in await board.history(key):
+            for subject in info.state.subjects or {}:
+                for status in await board.history(subject.rsplit(".", 1)[-1]):
                     if status.state == "archived":
                         count += 1
                         last = max(last or status.at, status.at)
