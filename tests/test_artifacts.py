@@ -62,11 +62,11 @@ async def test_a_put_cut_short_is_found_by_its_name_and_discarded(applied):
     await js.publish(_meta_subject(name), orjson.dumps(_placeholder(name, "CUTSHORT1")), stream=ARTIFACTS_STREAM)
     await js.publish(_chunk_subject("CUTSHORT1"), os.urandom(1000), stream=ARTIFACTS_STREAM)
     assert await store._info(name) is None  # no reader takes the placeholder for an object
-    assert await store.discard(name) is True
+    assert await store.delete(name) is True
     assert (await js.stream_info(ARTIFACTS_STREAM)).state.messages == 0
-    assert await store.discard(name) is False  # idempotent
+    assert await store.delete(name) is False  # idempotent
 
     # and a finished object, likewise
     ref = await store.put(name, b"<png>", "image/png", kind="screenshot", file="screenshot.png")
-    assert await store.exists(ref) and await store.discard(name) is True
+    assert await store.exists(ref) and await store.delete(name) is True
     assert (await js.stream_info(ARTIFACTS_STREAM)).state.messages == 0

@@ -212,20 +212,11 @@ class ArtifactStore:
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(ref.object))
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(ref.nuid))
 
-    async def delete(self, name: str) -> None:
-        """Delete an object (idempotent: a missing one is fine)."""
-        info = await self._info(name)
-        if info is None:
-            return
-        tombstone = {**info, "deleted": True, "size": 0, "chunks": 0, "digest": "", "mtime": ""}
-        await self._js.publish(_meta_subject(name), orjson.dumps(tombstone), headers=dict(_ROLLUP))
-        await self._purge_quietly(_chunk_subject(info["nuid"]))
+    async def delete(self, name: str) -> bool:
+        """Purge whatever is stored under ``name``, finished or cut short (idempotent).
 
-    async def discard(self, name: str) -> bool:
-        """Purge whatever is stored under ``name``, finished or not (idempotent).
-
-        For objects no result points at: a put cut short leaves its placeholder meta, which
-        ``delete`` (finished objects only) would pass over. True when there was something.
+        A put cut short leaves its placeholder meta, which names its chunks: ``leftovers`` finds
+        the objects of attempts that died this way. True when there was something.
         """
         try:
             msg = await self._js.get_last_msg(ARTIFACTS_STREAM, _meta_subject(name))

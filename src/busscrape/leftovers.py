@@ -50,31 +50,24 @@ async def referenced(js: JetStreamContext, task_id: str, seq: int) -> set[str] |
     return {ref.object for ref in result.artifacts} if result.task_seq == seq else None
 
 
-async def sweep(store: ArtifactStore, task: ScrapeTask, seq: int, attempts: Iterable[int],
-                keep: set[str]) -> int:
-    """Discard the objects of ``attempts`` of this task, but those in ``keep``; the number found.
+async def sweep(js: JetStreamContext, store: ArtifactStore, task: ScrapeTask, seq: int, attempts: Iterable[int],
+                keep: set[str] | None = None) -> int:
+    """Discard the objects of ``attempts`` of this task, but those of the result that stands;
+    the number found.
 
+    ``keep`` is that result's objects when the caller knows them (its own result, just
+    published); otherwise RESULTS is asked, and nothing is discarded when it cannot tell.
     Best effort: what a failing request leaves, the bucket's TTL collects.
-    """
-    names = [name for attempt in attempts for file in capture_files(task)
-             if (name := object_name(task.task_id, seq, attempt, file)) not in keep]
-    outcomes = await asyncio.gather(*(store.discard(name) for name in names), return_exceptions=True)
-    found = sum(1 for outcome in outcomes if outcome is True)
-    failed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
-    if found or failed:
-        log.info("leftovers.discarded", task_id=task.task_id, seq=seq, objects=found, errors=failed[:3])
-    return found
-
-
-async def settle(js: JetStreamContext, store: ArtifactStore, task: ScrapeTask, seq: int, attempts: Iterable[int],
-                 keep: set[str] | None = None) -> int:
-    """Discard the leftovers of ``attempts`` once this task's outcome is recorded.
-
-    ``keep`` is the objects of the result that stands, when the caller knows it (its own result,
-    just published); otherwise RESULTS is asked.
     """
     if keep is None:
         keep = await referenced(js, task.task_id, seq)
         if keep is None:
             return 0
-    return await sweep(store, task, seq, attempts, keep)
+    names = [name for attempt in attempts for file in capture_files(task)
+             if (name := object_name(task.task_id, seq, attempt, file)) not in keep]
+    outcomes = await asyncio.gather(*(store.delete(name) for name in names), return_exceptions=True)
+    found = sum(1 for outcome in outcomes if outcome is True)
+    failed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
+    if found or failed:
+        log.info("leftovers.discarded", task_id=task.task_id, seq=seq, objects=found, errors=failed[:3])
+    return found

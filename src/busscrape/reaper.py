@@ -36,12 +36,13 @@ _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
 
 
 class Reaper:
-    def __init__(self, bus: Bus, attempts: AttemptLog, telemetry: Telemetry | None = None) -> None:
+    def __init__(self, bus: Bus, attempts: AttemptLog, artifacts: ArtifactStore,
+                 telemetry: Telemetry | None = None) -> None:
         self.bus = bus
         self.telemetry = telemetry
         self.attempts = attempts
         self.board = StatusBoard(bus.js)
-        self.artifacts = ArtifactStore(bus.js)  # reads and purges only: no publisher to close
+        self.artifacts = artifacts
         self.reaped = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -101,7 +102,7 @@ class Reaper:
             msg_id = deadletters.task_letter_id(task.task_id, seq)
         await deadletters.file(js, letter, msg_id=msg_id, telemetry=self.telemetry)
         if letter.task is not None:  # what the deliveries that died stored, nothing will archive
-            await leftovers.settle(js, self.artifacts, letter.task, seq, range(1, max(deliveries, 1) + 1))
+            await leftovers.sweep(js, self.artifacts, letter.task, seq, range(1, max(deliveries, 1) + 1))
         # `busscrape run` waits for the `dead` record: until it is stored, the task stays in TASKS
         # and the advisory comes back (filing again is deduplicated by the letter's msg id).
         if letter.task_id and not await self.board.record(TaskStatus(

@@ -108,7 +108,7 @@ class Worker(PullService):
         self.max_deliver = info.config.max_deliver or -1
         if not self.settings.worker.reaper:
             return []
-        reaper = Reaper(self.bus, self.attempts, self.telemetry)
+        reaper = Reaper(self.bus, self.attempts, self.artifacts, self.telemetry)
         return [asyncio.create_task(reaper.run(self._stopping), name="reaper")]
 
     # -- one task ---------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class Worker(PullService):
 
     async def _sweep(self, task: ScrapeTask, seq: int, attempts: range, keep: set[str] | None = None) -> None:
         """Before the ack, so a kill leaves the task (and this) to the next delivery."""
-        found = await leftovers.settle(self.bus.js, self.artifacts, task, seq, attempts, keep)
+        found = await leftovers.sweep(self.bus.js, self.artifacts, task, seq, attempts, keep)
         if found:  # objects, not tasks: kept out of the task metric
             self.counters["leftovers_discarded"] += found
 
