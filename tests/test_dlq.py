@@ -180,7 +180,7 @@ async def test_replay_requeues_letters_with_a_task_and_skips_the_others_with_the
     replayed = decode(ScrapeTask, again.data)
     assert replayed.model_dump(exclude={"dispatched_at"}) == task.model_dump(exclude={"dispatched_at"})
     assert replayed.dispatched_at > task.dispatched_at  # a new generation of the task
-    assert (await StatusBoard(js).latest(task.task_id)).state == "queued"
+    assert (await StatusBoard(js).latest(task.task_id))[0].state == "queued"
     assert await AttemptLog(js).history(task.task_id, 12) == ()
     assert attempts_key(task.task_id, 12) not in await _keys(js)
 

@@ -64,7 +64,7 @@ def test_a_task_only_in_seen_is_queued_since_its_key_was_created():
 def test_generations_are_told_apart_by_dispatched_at_and_outcomes_come_last():
     first = [record("running", 1, attempt=1), record("retrying", 2, attempt=1, reason="http_503"),
              record("running", 4, attempt=2), record("archived", 5.0, attempt=2, archive="file:///a/x"),
-             record("rendered", 5.1, attempt=2, status=200)]  # the worker records rendered after its ack
+             record("rendered", 5.1, attempt=2, status=200)]  # stamped by a clock running ahead
     replayed = [record("queued", 100, dispatched=100), record("running", 101, dispatched=100, attempt=1),
                 record("dead", 102, dispatched=100, attempt=1, reason="http_404")]
     later = ScrapeTask(task_id=ID, url="http://x.example/", original_url="http://x.example/", dispatched_at=at(200))

@@ -16,7 +16,7 @@ from busscrape.artifacts import ArtifactStore, object_name
 from busscrape.messages import ScrapeResult, TaskOptions
 from busscrape.render import capture_files
 from busscrape.steps import Click, Evaluate, Fill, Press, Screenshot, Scroll, WaitFor, WaitStable
-from busscrape.taskstatus import StatusBoard
+from busscrape.taskstatus import StatusBoard, TaskStatus
 from busscrape.worker import Worker
 
 from .conftest import make_settings
@@ -279,8 +279,15 @@ async def test_a_killed_attempt_between_publish_and_ack_leaves_one_result(wbus, 
     async with DiesBeforeAck(wbus, short.with_overrides(worker={"max_tasks": 1, "grace_period": 0.1})) as w:
         await w.run()
     assert len(await results(wbus.js)) == 1 and await count(wbus.js, subjects.TASKS_STREAM) == 1
+    [first] = await results(wbus.js)
+    board = StatusBoard(wbus.js)
+    assert await board.record(TaskStatus(task_id=first.task_id, state="archived", attempt=1,  # as the ingester does
+                                         dispatched_at=first.dispatched_at))
     w2 = await run_worker(wbus, short, exit_when_idle=4)
     assert w2.counters["duplicate_results"] == 1 and w2.counters["completed"] == 1
+    # the redelivery did not make the archived task look unfinished again
+    history = [(s.state, s.attempt) for s in await board.history(first.task_id)]
+    assert history == [("running", 1), ("rendered", 1), ("archived", 1)]
     assert len(await results(wbus.js)) == 1
     assert await count(wbus.js, subjects.TASKS_STREAM) == 0
     # the second attempt's artifacts were dropped: only the first result's objects remain

@@ -11,8 +11,8 @@ entry holds the task with its ``dispatched_at``. So a history is read from both 
 - each generation opens with a ``queued`` event: the one ``dlq replay`` recorded, else the
   SEEN entry's own time when SEEN holds that generation, else the ``dispatched_at`` itself;
 - within a generation events are in time order, except that an outcome (archived, dead) comes
-  last: the worker records ``rendered`` after its ack, so the ingester may record ``archived``
-  a moment before it.
+  last: records are stamped by the service that makes them, and the ingester's clock may run a
+  moment behind the worker's (STATUS itself keeps them in order: see ``taskstatus``).
 
 A URL is looked up by its task id, computed exactly as the dispatcher does (same normalisation
 rules from the settings, same ``task_key``), so ``busscrape task URL`` finds what ``busscrape

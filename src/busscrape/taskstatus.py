@@ -5,6 +5,13 @@ the reaper: dead; the ingester: archived, dead). Every record is a new revision 
 ``<task_id>``, so the key's history is the task's story, and a watcher on the bucket sees
 tasks finish as it happens (``busscrape run`` waits on it).
 
+The latest record of a key is what ``busscrape run`` (resuming), ``status`` and the API take
+for the task's state, so it must never step back from an outcome. Services run side by side
+(the ingester archives a result while the worker that published it is still recording), so a
+worker's delivery records each of its steps on top of its own previous record
+(``Transitions``): once another service has recorded in between, the story has moved on and
+that delivery records no more steps. Outcomes (archived, dead) are always recorded.
+
 A task can be dispatched again later (a recrawl, ``--force``, a dead-letter replay) under the
 same id; ``dispatched_at`` tells the generations apart.
 
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import nats.errors
 import nats.js.errors
@@ -25,6 +32,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import Field
 
+from .errors import MessageDecodeError
 from .messages import Message, decode, encode, utcnow
 from .subjects import STATUS_BUCKET
 
@@ -65,22 +73,29 @@ class StatusBoard:
             self._kv = await self._js.key_value(STATUS_BUCKET)
         return self._kv
 
-    async def record(self, status: TaskStatus) -> bool:
-        """Add a transition. Whether it was stored: callers for whom it matters (the ingester's
-        ``archived``, which ``busscrape run`` waits for) retry; for the others it is best effort."""
+    async def record(self, status: TaskStatus, *, after: int | None = None) -> int | None:
+        """Add a transition; its revision, or None when it was not stored. Callers for whom it
+        matters (the ingester's ``archived``, which ``busscrape run`` waits for) retry; for the
+        others it is best effort. With ``after``, stored only if that revision is still the
+        key's latest."""
+        value = encode(status)
         try:
-            await asyncio.wait_for((await self._bucket()).put(status.task_id, encode(status)), 5)
+            bucket = await self._bucket()
+            put = bucket.put(status.task_id, value) if after is None else bucket.update(status.task_id, value, after)
+            return await asyncio.wait_for(put, 5)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            log.debug("status.superseded", task_id=status.task_id, state=status.state)
         except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
             log.warning("status.unrecorded", task_id=status.task_id, state=status.state, error=repr(exc))
-            return False
-        return True
+        return None
 
-    async def latest(self, task_id: str) -> TaskStatus | None:
+    async def latest(self, task_id: str) -> tuple[TaskStatus, int] | None:
+        """The latest record of ``task_id`` and its revision."""
         try:
-            entry = await (await self._bucket()).get(task_id)
+            entry = await asyncio.wait_for((await self._bucket()).get(task_id), 5)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
-        return decode(TaskStatus, entry.value or b"")
+        return decode(TaskStatus, entry.value or b""), entry.revision or 0
 
     async def history(self, task_id: str) -> list[TaskStatus]:
         """Every recorded transition of ``task_id``, oldest first.
@@ -99,3 +114,51 @@ class StatusBoard:
             if msg.data:  # a delete or purge marker has none
                 records.append(decode(TaskStatus, msg.data))
             seq = (msg.seq or seq) + 1
+
+
+class Transitions:
+    """The records one delivery of a task makes, each on top of the one before.
+
+    The first (``running``) goes on top of whatever the key holds, except an outcome of the
+    same dispatch: a redelivery of a task whose result was archived (its worker died before
+    the ack) must not make it look unfinished again, so such a delivery records nothing. When
+    another service records in between (the ingester archiving the result while this worker
+    records ``rendered``, or a later delivery after ack-wait ran out), the later steps of this
+    delivery are left out.
+    """
+
+    def __init__(self, board: StatusBoard, *, task_id: str, url: str, dispatched_at: datetime | None,
+                 attempt: int, worker: str) -> None:
+        self._board = board
+        self._fields = dict(task_id=task_id, url=url, dispatched_at=dispatched_at, worker=worker)
+        self.attempt = attempt
+        self._last: int | None = None
+        self.settled = False
+        """The key already held this dispatch's outcome when the delivery started."""
+
+    async def start(self) -> None:
+        after = None
+        if self.attempt > 1:  # only a redelivery can find records of this dispatch
+            try:
+                found = await self._board.latest(self._fields["task_id"])  # type: ignore[arg-type]
+            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError, MessageDecodeError):
+                found = None
+            if found is not None:
+                status, after = found
+                if status.state in FINAL and status.dispatched_at == self._fields["dispatched_at"]:
+                    self.settled = True
+                    return
+        self._last = await self._board.record(self._status("running"), after=after)
+
+    async def step(self, state: State, **fields: Any) -> None:
+        """A step within the delivery (retrying, rendered): best effort, and only in order."""
+        if self._last is not None:
+            self._last = await self._board.record(self._status(state, **fields), after=self._last)
+
+    async def outcome(self, state: State, **fields: Any) -> bool:
+        """The delivery's outcome (dead), recorded unless the task had one already. Whether
+        the task's outcome is now stored."""
+        return self.settled or await self._board.record(self._status(state, **fields)) is not None
+
+    def _status(self, state: State, **fields: Any) -> TaskStatus:
+        return TaskStatus(state=state, **self._fields, **{"attempt": self.attempt, **fields})

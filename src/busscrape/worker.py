@@ -51,7 +51,7 @@ from .render import Renderer
 from .service import PullService
 from .settings import Settings
 from .steps import Evaluate
-from .taskstatus import StatusBoard, TaskStatus
+from .taskstatus import StatusBoard, Transitions
 from .telemetry import Telemetry
 
 log = structlog.get_logger("busscrape.worker")
@@ -133,31 +133,38 @@ class Worker(PullService):
                 tracing.consuming("render task", headers, self.stream, **{
                     "busscrape.task_id": task.task_id, "url.full": task.url,
                     "messaging.message.delivery_count": attempt}) as span:
+            story = Transitions(self.board, task_id=task.task_id, url=task.url, dispatched_at=task.dispatched_at,
+                                attempt=attempt, worker=self.settings.worker.name)
             # Stored while the page renders, not before: one round trip less per task. It is awaited
             # before any later record of the task (and before the result), so STATUS keeps its order.
-            running = asyncio.ensure_future(self._status(task, "running", attempt=attempt))
+            running = asyncio.ensure_future(story.start())
             try:
                 self._validate(task)
                 result = await self._render(task, seq, attempt)
                 await running
-                await self._publish(task, result)
+                # Sent beside the result, so it costs no round trip, and on top of `running`: should
+                # the ingester record `archived` first, this is left out rather than stored after it.
+                rendered = asyncio.ensure_future(story.step("rendered", status=result.status))
+                try:
+                    await self._publish(task, result)
+                finally:
+                    await rendered
                 await msg.ack_sync(timeout=self.settings.nats.request_timeout)
             except RetryableError as exc:
                 span.set_attribute("busscrape.outcome", f"retry:{exc.reason}")
                 await running
-                await self._failed(msg, task, seq, attempt, exc)
+                await self._failed(msg, story, task, seq, exc)
                 return
             except PermanentError as exc:
                 span.set_attribute("busscrape.outcome", f"dead:{exc.reason}")
                 await running
-                await self._dead(msg, task, seq, attempt, exc)
+                await self._dead(msg, story, task, seq, exc)
                 return
             self.count("completed")
             span.set_attribute("http.response.status_code", result.status or 0)
             if self.telemetry is not None:
                 self.telemetry.render_duration.record(time.perf_counter() - started)
             log.info("task.done", status=result.status, ms=result.timings.get("total"))
-            await self._status(task, "rendered", attempt=attempt, status=result.status)
             if attempt > 1:
                 await self.attempts.clear(task.task_id, seq)
 
@@ -244,23 +251,25 @@ class Worker(PullService):
         return AttemptRecord(attempt=attempt, worker=self.settings.worker.name, at=utcnow(), reason=exc.reason,
                              error=str(exc)[:2000], retryable=isinstance(exc, RetryableError), status=status)
 
-    async def _failed(self, msg: Msg, task: ScrapeTask, seq: int, attempt: int, exc: RetryableError) -> None:
+    async def _failed(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int, exc: RetryableError) -> None:
+        attempt = story.attempt
         history = await self.attempts.record(task.task_id, seq, self._record(attempt, exc))
         if 0 < self.max_deliver <= attempt:
-            await self._file(msg, task, seq, attempt, history, exc, last=True)
+            await self._file(msg, story, task, seq, history, exc, last=True)
             return
         delay = self.retry_delay(attempt, exc.retry_after)
         self.count("retried")
-        await self._status(task, "retrying", attempt=attempt, reason=exc.reason, error=str(exc)[:500])
+        await story.step("retrying", reason=exc.reason, error=str(exc)[:500])
         log.warning("task.retry", reason=exc.reason, error=str(exc)[:300], delay=round(delay, 2))
         await msg.nak(delay=delay)
 
-    async def _dead(self, msg: Msg, task: ScrapeTask, seq: int, attempt: int, exc: PermanentError) -> None:
-        history = await self.attempts.record(task.task_id, seq, self._record(attempt, exc))
-        await self._file(msg, task, seq, attempt, history, exc, last=False)
+    async def _dead(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int, exc: PermanentError) -> None:
+        history = await self.attempts.record(task.task_id, seq, self._record(story.attempt, exc))
+        await self._file(msg, story, task, seq, history, exc, last=False)
 
-    async def _file(self, msg: Msg, task: ScrapeTask, seq: int, attempt: int, history: tuple[AttemptRecord, ...],
-                    exc: BusscrapeError, *, last: bool) -> None:
+    async def _file(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int,
+                    history: tuple[AttemptRecord, ...], exc: BusscrapeError, *, last: bool) -> None:
+        attempt = story.attempt
         error = str(exc) if not last else f"gave up after {len(history)} attempts; last: {exc}"
         letter = DeadLetter(task_id=task.task_id, stage="worker", reason=exc.reason, error=error[:4000],
                             url=task.url, host=deadletters.host_of(task.url), attempts=history, task=task,
@@ -278,7 +287,7 @@ class Worker(PullService):
         # Recorded before the ack, and the task kept until it is: `busscrape run` waits for this
         # record. A redelivery files the same letter again (deduplicated) and records again; the
         # last delivery's goes to the reaper, which does the same.
-        if not await self._status(task, "dead", attempt=len(history), reason=exc.reason, error=error[:500]):
+        if not await story.outcome("dead", attempt=len(history), reason=exc.reason, error=error[:500]):
             await msg.nak(delay=self.retry_delay(1, None))
             return
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
@@ -296,11 +305,6 @@ class Worker(PullService):
             return
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         self.count("poison")
-
-    async def _status(self, task: ScrapeTask, state: str, **fields: Any) -> bool:
-        return await self.board.record(TaskStatus(task_id=task.task_id, state=state, url=task.url,  # type: ignore[arg-type]
-                                           dispatched_at=task.dispatched_at, worker=self.settings.worker.name,
-                                           **fields))
 
     def retry_delay(self, attempt: int, retry_after: float | None) -> float:
         """Exponential backoff with jitter, at least what Retry-After asked, capped."""

@@ -86,8 +86,11 @@ async def results_by_task(store: Path, tmp_path: Path) -> dict[str, int]:
                 counts[task_id] = counts.get(task_id, 0) + 1
             board = StatusBoard(bus.js)
             archived_twice = [t for t in counts if sum(s.state == "archived" for s in await board.history(t)) > 1]
+            # what `busscrape status`, the API and a resumed run read: the outcome, not a step before it
+            latest = {t: (await board.latest(t))[0].state for t in counts}  # type: ignore[index]
             assert (await bus.js.stream_info(subjects.TASKS_STREAM)).state.messages == 0
     assert archived_twice == []
+    assert set(latest.values()) == {"archived"}, latest
     return counts
 
 
