@@ -42,6 +42,7 @@ from tests.support.s3 import S3Server  # noqa: E402
 
 from busscrape import logs, subjects, topology  # noqa: E402
 from busscrape import streams as admin  # noqa: E402
+from busscrape.archive import GZIP_LEVEL  # noqa: E402
 from busscrape.artifacts import ArtifactStore, object_name  # noqa: E402
 from busscrape.bus import Bus  # noqa: E402
 from busscrape.ingester import Ingester  # noqa: E402
@@ -114,9 +115,9 @@ async def produce(js, pages: list[dict[str, bytes]], count: int, window: int = 1
 def stored_objects(files: dict[str, bytes]) -> list[tuple[str, bytes, str]]:
     """What the ingester stores for one result: gzipped text, the image as is, a meta.json."""
     meta = orjson.dumps({"objects": [{"key": "x" * 80, "sha256": "0" * 64} for _ in files], "pad": "m" * 1500})
-    return [("page.html.gz", gzip.compress(files["page.html"], 6), "text/html"),
+    return [("page.html.gz", gzip.compress(files["page.html"], GZIP_LEVEL), "text/html"),
             ("screenshot.png", files["screenshot.png"], "image/png"),
-            ("page.har.gz", gzip.compress(files["page.har"], 6), "application/json"),
+            ("page.har.gz", gzip.compress(files["page.har"], GZIP_LEVEL), "application/json"),
             ("meta.json", meta, "application/json")]
 
 

@@ -88,8 +88,11 @@ async def test_gzip_is_standard_and_depends_only_on_the_bytes():
     other = await collect(archive.gzip_stream(chunks(data, 4096)))
     assert one == other  # however the artifact arrives
     assert gzip.decompress(one) == data
-    assert one[:10] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no mtime, no name, OS "unknown"
+    # no mtime, no name, OS "unknown"; XFL 4 says "fastest" (the default level 1)
+    assert one[:10] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\xff"
     assert len(one) < len(data) * 0.5
+    best = await collect(archive.gzip_stream(chunks(data, 4096), 9))
+    assert gzip.decompress(best) == data and best[8] == 2 and len(best) < len(one)  # XFL 2: "best"
 
 
 async def test_gzip_of_nothing_is_a_valid_empty_member():

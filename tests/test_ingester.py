@@ -301,12 +301,12 @@ class CountingStorage(FileStorage):
 
     active = peak = 0
 
-    async def _write(self, key, chunks):
+    async def _write(self, key, chunks, durable):
         self.active += 1
         self.peak = max(self.peak, self.active)
         try:
             await asyncio.sleep(0.02)
-            await super()._write(key, chunks)
+            await super()._write(key, chunks, durable)
         finally:
             self.active -= 1
 
@@ -388,3 +388,23 @@ async def test_the_command_drains_on_sigterm_and_logs_its_counters(applied, sett
     summary = [orjson.loads(line) for line in log.read_text().splitlines() if '"ingester.summary"' in line]
     assert summary and summary[0]["archived"] == 1
     assert await lag(applied.js) == 0
+
+
+async def test_a_results_folder_is_synced_once_after_its_meta_json(applied, folder_storage, settings, monkeypatch):
+    """Every file's bytes are fsynced before its rename; the folder (which makes the names durable)
+    once, by meta.json, written last: a folder without it is incomplete whatever else survived."""
+    from busscrape import storage as storage_module
+
+    synced: list[tuple[str, list[str]]] = []
+    real = storage_module._fsync_dir
+
+    def spy(folder):
+        synced.append((folder.name, sorted(p.name for p in folder.iterdir())))
+        real(folder)
+
+    monkeypatch.setattr(storage_module, "_fsync_dir", spy)
+    files = {"page.html": HTML, "screenshot.png": PNG, "page.har": HAR, "page.txt": b"plain text"}
+    result = await produce(applied.js, url="http://shop.example/a", files=files)
+    await ingest(applied, folder_storage, settings, max_results=1)
+    in_folder = [names for name, names in synced if name == result.task_id]
+    assert in_folder == [["meta.json", "page.har.gz", "page.html.gz", "page.txt.gz", "screenshot.png"]]

@@ -13,7 +13,7 @@ import pytest
 
 from busscrape.errors import ArtifactUnusable, AuthenticationFailed, ConfigurationError, StorageUnavailable
 from busscrape.settings import Settings
-from busscrape.storage import PARTIAL_DIR, FileStorage, Storage, open_storage
+from busscrape.storage import PARTIAL_DIR, WRITE_BUFFER, FileStorage, Storage, open_storage
 from busscrape.storage_s3 import S3Storage, endpoint_of
 
 from .support.net import free_port
@@ -168,8 +168,10 @@ def test_the_ingester_command_exits_3_on_refused_credentials_and_2_when_s3_is_do
 async def test_file_writes_are_atomic_and_temporary_files_stay_hidden(tmp_path):
     release = asyncio.Event()
 
+    first = b"a" * WRITE_BUFFER  # enough that the file is being written before the stream ends
+
     async def slow():
-        yield b"a" * 1000
+        yield first
         await release.wait()
         yield b"b" * 1000
 
@@ -181,7 +183,7 @@ async def test_file_writes_are_atomic_and_temporary_files_stay_hidden(tmp_path):
         assert await store.keys() == []
         release.set()
         await writing
-        assert (tmp_path / "dt=x" / "t" / "page.html").read_bytes() == b"a" * 1000 + b"b" * 1000
+        assert (tmp_path / "dt=x" / "t" / "page.html").read_bytes() == first + b"b" * 1000
         assert list((tmp_path / PARTIAL_DIR).iterdir()) == []
 
 

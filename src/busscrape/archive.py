@@ -40,7 +40,7 @@ META_NAME = "meta.json"
 META_SCHEMA_VERSION = 1
 DEADLETTER_FOLDER = "deadletter"
 COMPRESSED_KINDS = frozenset({"html", "har", "text"})
-GZIP_LEVEL = 6  # part of the archive's identity: changing it changes every compressed object's bytes
+GZIP_LEVEL = 1  # the default of archive.gzip_level; the same level and bytes in give the same bytes out
 NO_HOST = "__HIVE_DEFAULT_PARTITION__"
 
 _INLINE_LIMIT = 64 * 1024  # smaller chunks compress inline; larger ones in a thread (zlib drops the GIL)
@@ -182,9 +182,10 @@ def deadletter_key(letter: DeadLetter, *, prefix: str = "", stream: str, seq: in
 
 # -- deterministic gzip -------------------------------------------------------------------------
 
-# RFC 1952 header: magic, deflate, no flags, mtime 0, extra flags, OS 255 ("unknown").
-_XFL = {9: 2, 1: 4}.get(GZIP_LEVEL, 0)
-GZIP_HEADER = b"\x1f\x8b\x08\x00" + struct.pack("<I", 0) + bytes([_XFL, 255])
+def gzip_header(level: int) -> bytes:
+    """RFC 1952 header: magic, deflate, no flags, mtime 0, extra flags, OS 255 ("unknown")."""
+    xfl = {9: 2, 1: 4}.get(level, 0)
+    return b"\x1f\x8b\x08\x00" + struct.pack("<I", 0) + bytes([xfl, 255])
 
 
 async def gzip_stream(chunks: AsyncIterable[bytes], level: int = GZIP_LEVEL) -> AsyncIterator[bytes]:
@@ -196,7 +197,7 @@ async def gzip_stream(chunks: AsyncIterable[bytes], level: int = GZIP_LEVEL) -> 
     deflate = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
     crc = 0
     size = 0
-    yield GZIP_HEADER
+    yield gzip_header(level)
     async for chunk in chunks:
         crc = zlib.crc32(chunk, crc)
         size += len(chunk)

@@ -157,15 +157,16 @@ class ArtifactStore:
         size = 0
         seq = 1
         while size < ref.size:
-            batch = await self._chunks(_chunk_subject(nuid), seq, ref)
-            if not batch:
+            before = size
+            async with contextlib.aclosing(self._chunks(_chunk_subject(nuid), seq, ref)) as batch:
+                async for next_seq, data in batch:
+                    seq = next_seq + 1
+                    digest.update(data)
+                    size += len(data)
+                    yield data
+            if size == before:
                 raise _missing(ref) if size == 0 else ArtifactUnusable(
                     f"artifact {ref.object} ends after {size} of {ref.size} bytes", reason="artifact_truncated")
-            for next_seq, data in batch:
-                seq = next_seq + 1
-                digest.update(data)
-                size += len(data)
-                yield data
         if size != ref.size or digest.hexdigest() != ref.sha256:
             raise ArtifactUnusable(
                 f"artifact {ref.object} fails its checksum: {size} bytes sha256 {digest.hexdigest()[:16]}…, "
@@ -173,8 +174,9 @@ class ArtifactStore:
                 reason="artifact_checksum_mismatch",
             )
 
-    async def _chunks(self, subject: str, seq: int, ref: ArtifactRef) -> list[tuple[int, bytes]]:
-        """One batched direct get: the next chunks of ``subject`` from ``seq`` on (ADR-31)."""
+    async def _chunks(self, subject: str, seq: int, ref: ArtifactRef) -> AsyncIterator[tuple[int, bytes]]:
+        """One batched direct get (ADR-31): the next chunks of ``subject`` from ``seq`` on, each
+        passed on as it arrives, so the caller writes the first while the next ones travel."""
         inbox = self._nc.new_inbox()
         got: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -182,20 +184,17 @@ class ArtifactStore:
             got.put_nowait(msg)
 
         sub = await self._nc.subscribe(inbox, cb=collect)
-        out: list[tuple[int, bytes]] = []
         try:
             request = orjson.dumps({"seq": seq, "next_by_subj": subject, "batch": _READ_BATCH})
             await self._nc.publish(f"$JS.API.DIRECT.GET.{ARTIFACTS_STREAM}", request, reply=inbox)
-            while True:
+            for _ in range(_READ_BATCH):
                 try:
                     msg = await asyncio.wait_for(got.get(), _READ_TIMEOUT)
                 except TimeoutError:
                     raise StorageUnavailable(f"artifact {ref.object}: chunks stopped arriving") from None
                 if (msg.headers or {}).get("Status"):  # 204 end of batch, 404 nothing there
-                    return out
-                out.append((int(msg.headers["Nats-Sequence"]), msg.data))
-                if len(out) >= _READ_BATCH:
-                    return out
+                    return
+                yield int(msg.headers["Nats-Sequence"]), msg.data
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

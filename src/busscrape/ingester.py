@@ -90,11 +90,13 @@ class Archived:
 class Archiver:
     """Writes one result's objects and then its meta.json."""
 
-    def __init__(self, storage: Storage, artifacts: ArtifactStore, *, prefix: str = "", compress: bool = True) -> None:
+    def __init__(self, storage: Storage, artifacts: ArtifactStore, *, prefix: str = "", compress: bool = True,
+                 gzip_level: int = archive.GZIP_LEVEL) -> None:
         self.storage = storage
         self.artifacts = artifacts
         self.prefix = prefix
         self.compress = compress
+        self.gzip_level = gzip_level
         # Two results of one task on one day share a folder: one at a time in this process.
         self._folders: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -138,14 +140,15 @@ class Archiver:
     async def _copy_one(self, planned: archive.PlannedObject) -> archive.StoredObject:
         ref = planned.ref
         async with aclosing(self.artifacts.stream(ref)) as source:
+            # Not durable on their own: meta.json, written last into the same folder, makes them so.
             if planned.content_encoding is None:
-                await self.storage.put(planned.key, source, content_type=ref.content_type)
+                await self.storage.put(planned.key, source, content_type=ref.content_type, durable=False)
                 # The stream checked size and sha256 before it ended, and the bytes are stored as they came.
                 size, sha256 = ref.size, ref.sha256
             else:
-                measured = _Measured(archive.gzip_stream(source))
+                measured = _Measured(archive.gzip_stream(source, self.gzip_level))
                 await self.storage.put(planned.key, measured, content_type=ref.content_type,
-                                       content_encoding=planned.content_encoding)
+                                       content_encoding=planned.content_encoding, durable=False)
                 size, sha256 = measured.size, measured.sha256
         return archive.StoredObject(
             key=planned.key, name=planned.name, size=size, sha256=sha256, content_type=ref.content_type,
@@ -215,7 +218,8 @@ class Ingester(PullService):
                          exit_when_idle=cfg.exit_when_idle, grace_period=cfg.grace_period, telemetry=telemetry)
         self.storage = storage
         self.artifacts = ArtifactStore(bus.js)
-        self.archiver = Archiver(storage, self.artifacts, prefix=s.archive.prefix, compress=s.archive.compress)
+        self.archiver = Archiver(storage, self.artifacts, prefix=s.archive.prefix, compress=s.archive.compress,
+                                 gzip_level=s.archive.gzip_level)
         self.backoff = (cfg.retry_base_delay, cfg.retry_max_delay)
         self.board = StatusBoard(bus.js)
         self.search = SearchFeed(s, storage, self.counters)  # best effort, off the hot path (search_feed)

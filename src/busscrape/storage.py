@@ -3,8 +3,9 @@
 ``Storage`` is keyed like S3 (``dt=…/host=…/<task_id>/page.html.gz``). Two implementations:
 
 - ``FileStorage`` — a local folder (the embedded default). A write goes to a temporary file
-  in ``<root>/.partial/``, is fsynced, then renamed onto its key, and the folder is fsynced:
-  a key either holds the complete object or does not exist, whenever the process dies.
+  in ``<root>/.partial/``, is fsynced, then renamed onto its key, and the folder is fsynced
+  (or, for ``durable=False``, left to the next durable write in it): a key either holds the
+  complete object or does not exist, whenever the process dies.
 - ``S3Storage`` (``storage_s3``) — any S3-compatible endpoint (MinIO first) through
   miniopy-async; large objects go up in parts.
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 PARTIAL_DIR = ".partial"  # dot-named: Spark, Hive and DuckDB globs skip it
 STALE_PARTIAL = 3600.0  # seconds after which a temporary file is a crashed writer's leftover
+WRITE_BUFFER = 256 * 1024  # bytes gathered before a write to the file (per upload in flight)
 
 
 class Storage(ABC):
@@ -59,15 +61,21 @@ class Storage(ABC):
         await self.close()
 
     async def put(self, key: str, chunks: AsyncIterable[bytes], *, content_type: str,
-                  content_encoding: str | None = None) -> None:
+                  content_encoding: str | None = None, durable: bool = True) -> None:
         """Store the chunks under ``key``, replacing what is there, once all of them arrived.
 
         At most ``max_uploads`` writes hold an upload slot at once; an implementation may read
         ahead a bounded amount of the chunks before it waits for one.
+
+        ``durable=False``: the key's bytes are durable, its name only once a later durable put
+        in the same folder returns (a folder syncs all its names at once). The archive writes
+        a result's files so and ``meta.json`` last: one folder sync per result, not one per
+        file, and a folder without its ``meta.json`` is incomplete anyway. S3 puts are always
+        durable.
         """
         if self._uploads is None:
             raise RuntimeError(f"enter the {type(self).__name__} (async with) before using it")
-        await self._put(key, chunks, content_type=content_type, content_encoding=content_encoding)
+        await self._put(key, chunks, content_type=content_type, content_encoding=content_encoding, durable=durable)
 
     @property
     def upload_slot(self) -> asyncio.Semaphore:
@@ -88,7 +96,7 @@ class Storage(ABC):
 
     @abstractmethod
     async def _put(self, key: str, chunks: AsyncIterable[bytes], *, content_type: str,
-                   content_encoding: str | None) -> None: ...
+                   content_encoding: str | None, durable: bool) -> None: ...
 
     @abstractmethod
     async def get(self, key: str) -> bytes | None:
@@ -161,36 +169,46 @@ class FileStorage(Storage):
         return self.root.joinpath(*parts)
 
     async def _put(self, key: str, chunks: AsyncIterable[bytes], *, content_type: str,
-                   content_encoding: str | None) -> None:
+                   content_encoding: str | None, durable: bool) -> None:
         async with self.upload_slot:  # the whole write: the file is open from first chunk to rename
-            await self._write(key, chunks)
+            await self._write(key, chunks, durable)
 
-    async def _write(self, key: str, chunks: AsyncIterable[bytes]) -> None:
+    async def _write(self, key: str, chunks: AsyncIterable[bytes], durable: bool) -> None:
+        # Chunks are gathered in memory up to WRITE_BUFFER and written in one thread hop: most
+        # archive files are smaller, so each costs a single hop (open, write, fsync, rename), not
+        # one per chunk; on a busy machine every hop waits for a core. Memory stays bounded.
         final = self.path(key)
         temp = self.partial / f"{uuid.uuid4().hex}-{final.name}"
-        try:
-            handle = await asyncio.to_thread(open, temp, "wb")
-        except OSError as exc:
-            raise StorageUnavailable(f"cannot write {temp}: {exc}") from None
+        handle: BinaryIO | None = None
+        pending: list[bytes] = []
+        size = 0
         try:
             async for chunk in chunks:
-                await asyncio.to_thread(handle.write, chunk)
-            await asyncio.to_thread(self._commit, handle, temp, final)
+                pending.append(chunk)
+                size += len(chunk)
+                if size >= WRITE_BUFFER:
+                    if handle is None:
+                        handle = await asyncio.to_thread(open, temp, "wb")
+                    await asyncio.to_thread(handle.writelines, pending)
+                    pending, size = [], 0
+            await asyncio.to_thread(self._commit, handle, pending, temp, final, durable)
         except OSError as exc:
             raise StorageUnavailable(f"cannot write {final}: {exc}") from None
         finally:
-            if not handle.closed:
+            if handle is not None and not handle.closed:
                 handle.close()
             if temp.exists():
                 temp.unlink(missing_ok=True)
 
-    def _commit(self, handle: BinaryIO, temp: Path, final: Path) -> None:
-        handle.flush()
-        os.fsync(handle.fileno())
-        handle.close()
+    def _commit(self, handle: BinaryIO | None, rest: list[bytes], temp: Path, final: Path, durable: bool) -> None:
+        with handle or open(temp, "wb") as out:
+            out.writelines(rest)
+            out.flush()
+            os.fsync(out.fileno())  # always: a name that survives must never point at lost bytes
         _make_dirs(final.parent)
         os.replace(temp, final)
-        _fsync_dir(final.parent)  # the rename itself must survive a power cut, not just the bytes
+        if durable:
+            _fsync_dir(final.parent)  # the rename itself must survive a power cut, not just the bytes
 
     async def get(self, key: str) -> bytes | None:
         try:

@@ -134,7 +134,7 @@ class S3Storage(Storage):
             self._client = None
 
     async def _put(self, key: str, chunks: AsyncIterable[bytes], *, content_type: str,
-                   content_encoding: str | None) -> None:
+                   content_encoding: str | None, durable: bool) -> None:
         headers = {"Content-Encoding": content_encoding} if content_encoding else None
         reader = _Reader(chunks)
         # Read the first part before taking an upload slot: the source's latency (NATS) is then
