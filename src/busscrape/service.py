@@ -152,6 +152,9 @@ class PullService(ABC):
             self.telemetry.gauge("in_flight", lambda: [(self.in_flight, labels)])
             self.telemetry.gauge("lag", lambda: [(self.lag, {"consumer": f"{self.stream}/{self.durable}"})])
             extra.append(asyncio.create_task(self._watch_lag(), name=f"{self.kind}-lag"))
+        # Idle time counts from the first fetch, not from construction: a browser that takes
+        # longer than exit_when_idle to start must not make the service leave before it asked.
+        self._last_activity = time.monotonic()
         slots = {asyncio.create_task(self._slot(sub), name=f"{self.kind}-slot-{i}"): sub
                  for i, sub in enumerate(subs)}
         log.info(f"{self.kind}.started", concurrency=self.concurrency, stream=self.stream, consumer=self.durable)
