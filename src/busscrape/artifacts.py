@@ -38,6 +38,7 @@ from .subjects import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 CHUNK_SIZE = 256 * 1024
 _WINDOW = 64  # chunks in flight when writing (all objects of this store together)
 _READ_BATCH = 8  # chunks per batched direct get when reading (2 MiB)
+_META_BATCH = 1000  # metas per batched direct get when looking for stray chunks
 _READ_TIMEOUT = 30.0
 _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
 _ROLLUP = {"Nats-Rollup": "sub"}
@@ -49,6 +50,10 @@ def object_name(task_id: str, task_seq: int, attempt: int, file: str) -> str:
 
 def _meta_subject(name: str) -> str:
     return f"$O.{ARTIFACTS_BUCKET}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+
+
+def _meta_subject_all() -> str:
+    return f"$O.{ARTIFACTS_BUCKET}.M.>"
 
 
 def _chunk_subject(nuid: str) -> str:
@@ -119,8 +124,9 @@ class ArtifactStore:
                 if pub.error is not None:
                     raise pub.error
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError, PublishFailed) as exc:
-            await self._purge_quietly(chunk_subject)
-            await self._purge_quietly(_meta_subject(name))
+            # The meta only once its chunks are gone: while it stays, it names them (see ``delete``).
+            if await self._purge_quietly(chunk_subject):
+                await self._purge_quietly(_meta_subject(name))
             raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc}") from None
         return ArtifactRef(name=file, kind=kind, object=name, size=len(data), sha256=digest.hex(),  # type: ignore[arg-type]
                            content_type=content_type, nuid=nuid)
@@ -158,7 +164,8 @@ class ArtifactStore:
         seq = 1
         while size < ref.size:
             before = size
-            async with contextlib.aclosing(self._chunks(_chunk_subject(nuid), seq, ref)) as batch:
+            batch_of = self._batch(_chunk_subject(nuid), seq, _READ_BATCH, f"artifact {ref.object}")
+            async with contextlib.aclosing(batch_of) as batch:
                 async for next_seq, data in batch:
                     seq = next_seq + 1
                     digest.update(data)
@@ -174,9 +181,9 @@ class ArtifactStore:
                 reason="artifact_checksum_mismatch",
             )
 
-    async def _chunks(self, subject: str, seq: int, ref: ArtifactRef) -> AsyncIterator[tuple[int, bytes]]:
-        """One batched direct get (ADR-31): the next chunks of ``subject`` from ``seq`` on, each
-        passed on as it arrives, so the caller writes the first while the next ones travel."""
+    async def _batch(self, subject: str, seq: int, size: int, what: str) -> AsyncIterator[tuple[int, bytes]]:
+        """One batched direct get (ADR-31): up to ``size`` messages on ``subject`` from ``seq`` on,
+        each passed on as it arrives, so the caller writes the first while the next ones travel."""
         inbox = self._nc.new_inbox()
         got: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -185,13 +192,13 @@ class ArtifactStore:
 
         sub = await self._nc.subscribe(inbox, cb=collect)
         try:
-            request = orjson.dumps({"seq": seq, "next_by_subj": subject, "batch": _READ_BATCH})
+            request = orjson.dumps({"seq": seq, "next_by_subj": subject, "batch": size})
             await self._nc.publish(f"$JS.API.DIRECT.GET.{ARTIFACTS_STREAM}", request, reply=inbox)
-            for _ in range(_READ_BATCH):
+            for _ in range(size):
                 try:
                     msg = await asyncio.wait_for(got.get(), _READ_TIMEOUT)
                 except TimeoutError:
-                    raise StorageUnavailable(f"artifact {ref.object}: chunks stopped arriving") from None
+                    raise StorageUnavailable(f"{what}: messages stopped arriving") from None
                 if (msg.headers or {}).get("Status"):  # 204 end of batch, 404 nothing there
                     return
                 yield int(msg.headers["Nats-Sequence"]), msg.data
@@ -204,12 +211,16 @@ class ArtifactStore:
         return b"".join([chunk async for chunk in self.stream(ref)])
 
     async def release(self, ref: ArtifactRef) -> None:
-        """Delete an archived artifact: its meta and chunks purged, two requests (idempotent)."""
+        """Delete an archived artifact: its chunks, then its meta, two requests (idempotent).
+
+        Chunks first, everywhere: a request that fails half-way leaves a meta that still names
+        its chunks, never chunks that nothing names.
+        """
         if ref.nuid is None:
             await self.delete(ref.object)
             return
-        await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(ref.object))
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(ref.nuid))
+        await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(ref.object))
 
     async def delete(self, name: str) -> bool:
         """Purge whatever is stored under ``name``, finished or cut short (idempotent).
@@ -227,11 +238,46 @@ class ArtifactStore:
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(name))
         return True
 
-    async def _purge_quietly(self, subject: str) -> None:
+    async def nameless_chunks(self) -> set[str]:
+        """The NUIDs of chunks that no meta names (see ``leftovers.StrayChunks``).
+
+        The metas are read before the chunks are listed, so a put that starts in between shows
+        up here too (its placeholder came after the reading): only a NUID found nameless twice,
+        some time apart, is a stray.
+        """
+        named = await self._named_nuids()
+        chunks = await self._js.stream_info(ARTIFACTS_STREAM, subjects_filter=_chunk_subject(">"))
+        nuids = {subject.rsplit(".", 1)[-1] for subject in chunks.state.subjects or {}}
+        return nuids - named
+
+    async def _named_nuids(self) -> set[str]:
+        """The NUID in the meta of every name (placeholders included).
+
+        Metas are rolled up, one message per name, so reading every meta message in order, a
+        batched direct get at a time, reads each name's latest.
+        """
+        named: set[str] = set()
+        seq = 1
+        while True:
+            got = 0
+            async with contextlib.aclosing(self._batch(_meta_subject_all(), seq, _META_BATCH, "metas")) as batch:
+                async for msg_seq, data in batch:
+                    got += 1
+                    seq = msg_seq + 1
+                    with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                        named.add(orjson.loads(data).get("nuid"))
+            if got < _META_BATCH:
+                return named
+
+    async def purge_chunks(self, nuid: str) -> None:
+        await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(nuid))
+
+    async def _purge_quietly(self, subject: str) -> bool:
         try:
             await self._js.purge_stream(ARTIFACTS_STREAM, subject=subject)
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError):
-            pass  # the bucket's TTL collects what is left
+            return False  # the bucket's TTL collects what is left
+        return True
 
 
 def _placeholder(name: str, nuid: str) -> dict[str, Any]:

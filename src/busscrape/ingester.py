@@ -12,7 +12,8 @@ One result (``Ingester.handle``)::
       │   storage or NATS error ────────────────────► nak, delay doubling per delivery; nothing acked
     meta.json, last: its presence means the folder is complete
       │
-    ack_sync, then delete the artifacts from ARTIFACTS (their TTL collects any a crash leaves)
+    'archived' in STATUS ─► the artifacts released from ARTIFACTS ─► ack_sync
+      (either failing: nak and redo; a redelivery finds meta.json and only records, releases, acks)
 
 Alongside, each ingester runs an ``Archivist`` on ``DEADLETTER/archivist`` that copies every
 dead letter to ``<prefix>/deadletter/dt=…/<task_id>.json``, so the archive alone tells what

@@ -8,11 +8,16 @@ object names are ``<task_id>/<task_seq>/<attempt>/<file>`` and the files follow 
 letter, and the reaper, discard the earlier attempts' objects, all but those of the result that
 RESULTS holds for this task (when an earlier attempt published one and died before its ack, that
 result is the one the ingester archives).
+
+Those are found by name. ``StrayChunks`` collects what has no name any more: chunks whose meta
+is gone (a delivery's put that went on writing after another delivery had discarded its object,
+a clean-up cut short by a kill or by NATS going away). Every worker runs it every few minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterable
 
 import nats.errors
@@ -71,3 +76,46 @@ async def sweep(js: JetStreamContext, store: ArtifactStore, task: ScrapeTask, se
     if found or failed:
         log.info("leftovers.discarded", task_id=task.task_id, seq=seq, objects=found, errors=failed[:3])
     return found
+
+
+class StrayChunks:
+    """Purges chunks that no meta has named for two passes in a row.
+
+    A put rolls its placeholder meta onto the name before its first chunk, and every deletion
+    purges chunks before the meta, so chunks without a meta are left over, except those of a put
+    that started between a pass's reading of the metas and its listing of the chunks: by the
+    next pass, that put's meta is there (or its object is gone). So one pass only suspects;
+    the next one purges what it still finds nameless.
+    """
+
+    def __init__(self, store: ArtifactStore) -> None:
+        self.store = store
+        self.suspects: set[str] = set()
+        self.purged = 0
+
+    async def sweep(self) -> int:
+        """One pass; the number of chunk subjects purged."""
+        nameless = await self.store.nameless_chunks()
+        strays = nameless & self.suspects
+        self.suspects = nameless - strays
+        outcomes = await asyncio.gather(*(self.store.purge_chunks(nuid) for nuid in strays), return_exceptions=True)
+        purged = sum(1 for outcome in outcomes if not isinstance(outcome, BaseException))
+        self.suspects |= {nuid for nuid, outcome in zip(strays, outcomes, strict=True)
+                          if isinstance(outcome, BaseException)}
+        if strays:
+            log.warning("leftovers.stray_chunks", purged=purged, failed=len(strays) - purged)
+        self.purged += purged
+        return purged
+
+    async def run(self, stopping: asyncio.Event, interval: float) -> None:
+        """Sweep every ``interval`` seconds (with jitter, so a fleet's workers spread out) until ``stopping``."""
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), interval * random.uniform(0.8, 1.2))
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.sweep()
+            except _NATS_ERRORS as exc:
+                log.warning("leftovers.stray_sweep_failed", error=repr(exc))

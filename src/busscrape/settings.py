@@ -231,6 +231,10 @@ class WorkerSettings(_Section):
     """Most steps a task may carry."""
     reaper: bool = True
     """Also run the dead-delivery reaper (moves tasks that ran out of deliveries)."""
+    stray_chunk_interval: Duration = "5m"
+    """How often this worker looks for artifact chunks that no object names any more (left by
+    kills and outages; purged when seen twice in a row). 0: never (the ARTIFACTS TTL still
+    collects them)."""
     max_tasks: int | None = None
     """Exit after this many tasks (bounded runs and tests)."""
     exit_when_idle: Duration | None = None

@@ -130,7 +130,10 @@ class Transitions:
     def __init__(self, board: StatusBoard, *, task_id: str, url: str, dispatched_at: datetime | None,
                  attempt: int, worker: str) -> None:
         self._board = board
-        self._fields = dict(task_id=task_id, url=url, dispatched_at=dispatched_at, worker=worker)
+        self.task_id = task_id
+        self.url = url
+        self.dispatched_at = dispatched_at
+        self.worker = worker
         self.attempt = attempt
         self._last: int | None = None
         self.settled = False
@@ -140,12 +143,12 @@ class Transitions:
         after = None
         if self.attempt > 1:  # only a redelivery can find records of this dispatch
             try:
-                found = await self._board.latest(self._fields["task_id"])  # type: ignore[arg-type]
+                found = await self._board.latest(self.task_id)
             except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError, MessageDecodeError):
                 found = None
             if found is not None:
                 status, after = found
-                if status.state in FINAL and status.dispatched_at == self._fields["dispatched_at"]:
+                if status.state in FINAL and status.dispatched_at == self.dispatched_at:
                     self.settled = True
                     return
         self._last = await self._board.record(self._status("running"), after=after)
@@ -161,4 +164,5 @@ class Transitions:
         return self.settled or await self._board.record(self._status(state, **fields)) is not None
 
     def _status(self, state: State, **fields: Any) -> TaskStatus:
-        return TaskStatus(state=state, **self._fields, **{"attempt": self.attempt, **fields})
+        return TaskStatus(state=state, **{"task_id": self.task_id, "url": self.url, "dispatched_at": self.dispatched_at,
+                                          "worker": self.worker, "attempt": self.attempt, **fields})

@@ -106,10 +106,14 @@ class Worker(PullService):
     async def background(self) -> list[asyncio.Task[Any]]:
         info = await self.bus.js.consumer_info(self.stream, self.durable)
         self.max_deliver = info.config.max_deliver or -1
-        if not self.settings.worker.reaper:
-            return []
-        reaper = Reaper(self.bus, self.attempts, self.artifacts, self.telemetry)
-        return [asyncio.create_task(reaper.run(self._stopping), name="reaper")]
+        tasks = []
+        if self.settings.worker.reaper:
+            reaper = Reaper(self.bus, self.attempts, self.artifacts, self.telemetry)
+            tasks.append(asyncio.create_task(reaper.run(self._stopping), name="reaper"))
+        if (interval := self.settings.worker.stray_chunk_interval) > 0:
+            strays = leftovers.StrayChunks(self.artifacts)
+            tasks.append(asyncio.create_task(strays.run(self._stopping, interval), name="stray-chunks"))
+        return tasks
 
     # -- one task ---------------------------------------------------------------------------
 

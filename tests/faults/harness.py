@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 
 from busscrape import subjects
+from busscrape.artifacts import ArtifactStore
 from busscrape.bus import Bus
 from busscrape.messages import DeadLetter, decode
 from busscrape.nats_server import EmbeddedNatsServer
@@ -44,7 +45,15 @@ class Fleet:
     faults: Counter[str] = field(default_factory=Counter)
 
     def env(self) -> dict[str, str]:
-        return env_for(self.settings, BUSSCRAPE_S3=json.dumps({**self.s3.settings(self.settings.s3.bucket)}))
+        # The worker and ingester settings the test chose (retry delays, the stray-chunk sweep …).
+        chosen = {}
+        for section in ("worker", "ingester"):
+            model = getattr(self.settings, section)
+            values = model.model_dump(mode="json", include=model.model_fields_set)
+            chosen.update({f"BUSSCRAPE_{section.upper()}__{key.upper()}": v if isinstance(v, str) else json.dumps(v)
+                           for key, v in values.items()})
+        return env_for(self.settings, BUSSCRAPE_S3=json.dumps({**self.s3.settings(self.settings.s3.bucket)}),
+                       **chosen)
 
     def start_worker(self, name: str) -> None:
         self.workers[name] = spawn(["worker"], {**self.env(), "BUSSCRAPE_WORKER__NAME": name},
@@ -100,6 +109,13 @@ class Fleet:
         self.faults["poison_messages"] += len(sent)
         return sent
 
+    async def orphan_chunks(self, bus: Bus, count: int = 2) -> None:
+        """Chunks with no meta naming them, as a clean-up cut short between its two purges leaves."""
+        for i in range(count):
+            await bus.js.publish(f"$O.{subjects.ARTIFACTS_BUCKET}.C.ORPHAN{i}", b"left behind" * 100,
+                                 stream=subjects.ARTIFACTS_STREAM)
+        self.faults["orphan_chunks"] += count
+
     def stop(self) -> None:
         for proc in [*self.workers.values(), self.ingester]:
             if proc is not None:
@@ -118,6 +134,8 @@ class Audit:
     live_artifacts: int
     artifact_names: list[str]
     """Names under which ARTIFACTS still holds a meta (finished or placeholder): to tell which died where."""
+    nameless_chunks: list[str]
+    """NUIDs of chunks no meta names (what the stray-chunk sweep is there for)."""
 
     @property
     def lost(self) -> set[str]:
@@ -160,7 +178,9 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
     metas = await bus.js.stream_info(subjects.ARTIFACTS_STREAM, subjects_filter=f"$O.{subjects.ARTIFACTS_BUCKET}.M.>")
     names = sorted(base64.urlsafe_b64decode(subject.rsplit(".", 1)[-1]).decode()
                    for subject in metas.state.subjects or {})
+    nameless = sorted(await ArtifactStore(bus.js).nameless_chunks()) if objects else []
     return Audit(dispatched=dispatched, archived=archived, dead=dead, poison_found=poison_found,
                  tasks_left=tasks.state.messages,
                  results_pending=(ingest.num_pending or 0) + (ingest.num_ack_pending or 0),
-                 live_artifacts=objects, artifact_names=names)
+                 live_artifacts=objects, artifact_names=names,
+                 nameless_chunks=nameless)

@@ -2,10 +2,11 @@
 
 During the run the harness SIGKILLs a random worker every few seconds (and restarts it),
 SIGKILLs nats-server and restarts it on the same store, takes S3 down for 25 s, SIGKILLs the
-ingester, and publishes poison messages straight into TASKS and RESULTS. Then it counts:
-every dispatched task archived exactly once or dead-lettered with a reason, TASKS and RESULTS
-empty of work, no task in two archive folders, every poison message in DEADLETTER, no
-artifacts left in the object store. It prints one line:
+ingester, publishes poison messages straight into TASKS and RESULTS, and leaves chunks that no
+object names in ARTIFACTS. Then it counts: every dispatched task archived exactly once or
+dead-lettered with a reason, TASKS and RESULTS empty of work, no task in two archive folders,
+every poison message in DEADLETTER, no artifacts left in the object store (the workers'
+stray-chunk sweep purges chunks that lost their meta). It prints one line:
 ``tasks=N archived=A dead=D lost=0 duplicates=0 faults=F``.
 """
 
@@ -55,7 +56,7 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
         network={"allow": [f"{h}/32" for h in fault_site.hosts]},
         streams={"worker_ack_wait": "6s", "worker_max_deliver": 12, "ingester_ack_wait": "20s"},
         worker={"concurrency": 2, "navigation_timeout": "20s", "retry_base_delay": "500ms", "retry_max_delay": "3s",
-                "grace_period": "2s"},
+                "grace_period": "2s", "stray_chunk_interval": "3s"},
         ingester={"retry_base_delay": "500ms", "retry_max_delay": "3s"},
         s3=s3.settings(f"faults-{uuid.uuid4().hex[:8]}"),
         nats={"connect_timeout": 5},
@@ -77,6 +78,7 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
             assert summary.published == TASKS
 
             poison = await fleet.poison(bus)
+            await fleet.orphan_chunks(bus)
             started = time.monotonic()
 
             async def chaos() -> None:
@@ -111,12 +113,19 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
             while not await finished():
                 assert time.monotonic() - started < 600, "the fleet did not finish within 10 minutes"
                 await asyncio.sleep(3)
-            await asyncio.sleep(3)  # let the last releases of artifacts land
-            report = await audit(bus, settings, dispatched)
+            # The last releases land within moments; chunks whose meta a fault took are purged by
+            # the workers' stray-chunk sweep on its second sighting (every ~3 s here).
+            for _ in range(15):
+                report = await audit(bus, settings, dispatched)
+                if not report.live_artifacts:
+                    break
+                await asyncio.sleep(2)
             faults = sum(fleet.faults.values())
             line = report.line(faults)
+            strays = sum(path.read_text().count("leftovers.stray_chunks") for path in tmp_path.glob("worker-*.log"))
             with capsys.disabled():
-                print(f"\n{line}  ({dict(fleet.faults)}, {time.monotonic() - started:.0f}s)")
+                print(f"\n{line}  ({dict(fleet.faults)}, stray chunk sweeps that purged: {strays}, "
+                      f"{time.monotonic() - started:.0f}s)")
 
             assert report.lost == set()
             assert report.duplicates == 0
@@ -124,7 +133,7 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
             assert all(d.reason for d in report.dead.values())
             assert report.tasks_left == 0 and report.results_pending == 0
             assert set(poison) <= report.poison_found, "a poison message is missing from DEADLETTER"
-            assert report.live_artifacts == 0, report.artifact_names
+            assert report.live_artifacts == 0, (report.artifact_names, report.nameless_chunks)
             assert line.startswith(f"tasks={TASKS} ") and " lost=0 duplicates=0 " in line
     finally:
         fleet.stop()
