@@ -13,6 +13,8 @@ Object names are ``<task_id>/<task_seq>/<attempt>/<file>``: a retry never overwr
 another attempt's result may point to. Before its chunks, a put rolls a placeholder meta (marked
 deleted, so no reader takes it for the object) onto the name: whatever a killed writer leaves is
 then found by name alone, which is how ``leftovers`` clears the objects of attempts that died.
+Deletions purge the chunks before the meta for the same reason; the few chunks that still end up
+with no meta naming them (``nameless_chunks``) are swept by ``leftovers.StrayChunks``.
 """
 
 from __future__ import annotations

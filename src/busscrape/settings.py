@@ -233,8 +233,9 @@ class WorkerSettings(_Section):
     """Also run the dead-delivery reaper (moves tasks that ran out of deliveries)."""
     stray_chunk_interval: Duration = "5m"
     """How often this worker looks for artifact chunks that no object names any more (left by
-    kills and outages; purged when seen twice in a row). 0: never (the ARTIFACTS TTL still
-    collects them)."""
+    kills and outages; purged when seen twice in a row). Never less than 4 × ``nats.request_timeout``
+    (a put's placeholder meta may be resent that long after its first chunks). 0: never (the
+    ARTIFACTS TTL still collects them)."""
     max_tasks: int | None = None
     """Exit after this many tasks (bounded runs and tests)."""
     exit_when_idle: Duration | None = None
