@@ -40,10 +40,12 @@ from .subjects import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 CHUNK_SIZE = 256 * 1024
 _WINDOW = 64  # chunks in flight when writing (all objects of this store together)
 _READ_BATCH = 8  # chunks per batched direct get when reading (2 MiB)
+_PUT_RETRIES = 2  # re-sends of a chunk or meta whose PubAck did not come in time
 _META_BATCH = 1000  # metas per batched direct get when looking for stray chunks
 _READ_TIMEOUT = 30.0
 _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
 _ROLLUP = {"Nats-Rollup": "sub"}
+_ALL_METAS = f"$O.{ARTIFACTS_BUCKET}.M.>"
 
 
 def object_name(task_id: str, task_seq: int, attempt: int, file: str) -> str:
@@ -52,10 +54,6 @@ def object_name(task_id: str, task_seq: int, attempt: int, file: str) -> str:
 
 def _meta_subject(name: str) -> str:
     return f"$O.{ARTIFACTS_BUCKET}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
-
-
-def _meta_subject_all() -> str:
-    return f"$O.{ARTIFACTS_BUCKET}.M.>"
 
 
 def _chunk_subject(nuid: str) -> str:
@@ -81,7 +79,7 @@ class ArtifactStore:
     async def _writer(self) -> Publisher:
         async with self._opening:
             if self._publisher is None:
-                publisher = Publisher(self._nc, window=_WINDOW, timeout=self.timeout, retries=2)
+                publisher = Publisher(self._nc, window=_WINDOW, timeout=self.timeout, retries=_PUT_RETRIES)
                 await publisher.__aenter__()
                 self._publisher = publisher
         return self._publisher
@@ -221,7 +219,7 @@ class ArtifactStore:
         if ref.nuid is None:
             await self.delete(ref.object)
             return
-        await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(ref.nuid))
+        await self.purge_chunks(ref.nuid)
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(ref.object))
 
     async def delete(self, name: str) -> bool:
@@ -236,7 +234,7 @@ class ArtifactStore:
             return False
         nuid = orjson.loads(msg.data).get("nuid")
         if nuid:
-            await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(nuid))
+            await self.purge_chunks(nuid)
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(name))
         return True
 
@@ -262,7 +260,7 @@ class ArtifactStore:
         seq = 1
         while True:
             got = 0
-            async with contextlib.aclosing(self._batch(_meta_subject_all(), seq, _META_BATCH, "metas")) as batch:
+            async with contextlib.aclosing(self._batch(_ALL_METAS, seq, _META_BATCH, "metas")) as batch:
                 async for msg_seq, data in batch:
                     got += 1
                     seq = msg_seq + 1
@@ -270,6 +268,12 @@ class ArtifactStore:
                         named.add(orjson.loads(data).get("nuid"))
             if got < _META_BATCH:
                 return named
+
+    @property
+    def placeholder_lag(self) -> float:
+        """How long after a put's first chunks its placeholder meta may still land: it was lost
+        in a reconnect and every re-send timed out, plus one timeout's margin."""
+        return self.timeout * (_PUT_RETRIES + 2)
 
     async def purge_chunks(self, nuid: str) -> None:
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(nuid))

@@ -96,19 +96,22 @@ class StrayChunks:
     async def sweep(self) -> int:
         """One pass; the number of chunk subjects purged."""
         nameless = await self.store.nameless_chunks()
-        strays = nameless & self.suspects
-        self.suspects = nameless - strays
+        strays = list(nameless & self.suspects)
         outcomes = await asyncio.gather(*(self.store.purge_chunks(nuid) for nuid in strays), return_exceptions=True)
-        purged = sum(1 for outcome in outcomes if not isinstance(outcome, BaseException))
-        self.suspects |= {nuid for nuid, outcome in zip(strays, outcomes, strict=True)
-                          if isinstance(outcome, BaseException)}
+        purged = {nuid for nuid, done in zip(strays, outcomes, strict=True) if not isinstance(done, BaseException)}
+        self.suspects = nameless - purged  # a purge that failed is tried again next pass
         if strays:
-            log.warning("leftovers.stray_chunks", purged=purged, failed=len(strays) - purged)
-        self.purged += purged
-        return purged
+            log.warning("leftovers.stray_chunks", purged=len(purged), failed=len(strays) - len(purged))
+        self.purged += len(purged)
+        return len(purged)
 
     async def run(self, stopping: asyncio.Event, interval: float) -> None:
-        """Sweep every ``interval`` seconds (with jitter, so a fleet's workers spread out) until ``stopping``."""
+        """Sweep every ``interval`` seconds (with jitter, so a fleet's workers spread out) until ``stopping``.
+
+        Never more often than the store's ``placeholder_lag``: closer passes could take the chunks
+        of a put whose placeholder is still being re-sent for strays.
+        """
+        interval = max(interval, self.store.placeholder_lag)
         while not stopping.is_set():
             try:
                 await asyncio.wait_for(stopping.wait(), interval * random.uniform(0.8, 1.2))

@@ -22,6 +22,7 @@ fails is logged and skipped rather than failing the task.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -116,6 +117,7 @@ class StatusBoard:
             seq = (msg.seq or seq) + 1
 
 
+@dataclass
 class Transitions:
     """The records one delivery of a task makes, each on top of the one before.
 
@@ -127,23 +129,23 @@ class Transitions:
     delivery are left out.
     """
 
-    def __init__(self, board: StatusBoard, *, task_id: str, url: str, dispatched_at: datetime | None,
-                 attempt: int, worker: str) -> None:
-        self._board = board
-        self.task_id = task_id
-        self.url = url
-        self.dispatched_at = dispatched_at
-        self.worker = worker
-        self.attempt = attempt
-        self._last: int | None = None
-        self.settled = False
-        """The key already held this dispatch's outcome when the delivery started."""
+    board: StatusBoard
+    _: KW_ONLY
+    task_id: str
+    url: str
+    dispatched_at: datetime | None
+    attempt: int
+    worker: str
+    _last: int | None = field(default=None, init=False)
+    """The revision of this delivery's latest record (None: it records no more steps)."""
+    settled: bool = field(default=False, init=False)
+    """The key already held this dispatch's outcome when the delivery started."""
 
     async def start(self) -> None:
         after = None
         if self.attempt > 1:  # only a redelivery can find records of this dispatch
             try:
-                found = await self._board.latest(self.task_id)
+                found = await self.board.latest(self.task_id)
             except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError, MessageDecodeError):
                 found = None
             if found is not None:
@@ -151,17 +153,17 @@ class Transitions:
                 if status.state in FINAL and status.dispatched_at == self.dispatched_at:
                     self.settled = True
                     return
-        self._last = await self._board.record(self._status("running"), after=after)
+        self._last = await self.board.record(self._status("running"), after=after)
 
     async def step(self, state: State, **fields: Any) -> None:
         """A step within the delivery (retrying, rendered): best effort, and only in order."""
         if self._last is not None:
-            self._last = await self._board.record(self._status(state, **fields), after=self._last)
+            self._last = await self.board.record(self._status(state, **fields), after=self._last)
 
     async def outcome(self, state: State, **fields: Any) -> bool:
         """The delivery's outcome (dead), recorded unless the task had one already. Whether
         the task's outcome is now stored."""
-        return self.settled or await self._board.record(self._status(state, **fields)) is not None
+        return self.settled or await self.board.record(self._status(state, **fields)) is not None
 
     def _status(self, state: State, **fields: Any) -> TaskStatus:
         return TaskStatus(state=state, **{"task_id": self.task_id, "url": self.url, "dispatched_at": self.dispatched_at,

@@ -111,9 +111,6 @@ class Worker(PullService):
             reaper = Reaper(self.bus, self.attempts, self.artifacts, self.telemetry)
             tasks.append(asyncio.create_task(reaper.run(self._stopping), name="reaper"))
         if (interval := self.settings.worker.stray_chunk_interval) > 0:
-            # A put whose placeholder was lost in a reconnect resends it up to three timeouts after
-            # its chunks landed: passes closer together than that could take its chunks for strays.
-            interval = max(interval, 4 * self.settings.nats.request_timeout)
             strays = leftovers.StrayChunks(self.artifacts)
             tasks.append(asyncio.create_task(strays.run(self._stopping, interval), name="stray-chunks"))
         return tasks
