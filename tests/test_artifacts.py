@@ -1,5 +1,7 @@
+import asyncio
 import hashlib
 import os
+import signal
 
 import orjson
 import pytest
@@ -117,3 +119,25 @@ async def test_metas_are_read_page_by_page_when_looking_for_stray_chunks(applied
     await applied.js.publish(_chunk_subject("NAMELESS2"), b"left", stream=ARTIFACTS_STREAM)
     assert await store.nameless_chunks() == {"NAMELESS2"}
     assert {ref.nuid for ref in refs} <= await store._named_nuids()
+
+
+async def test_the_stray_sweep_outlives_a_server_that_stops_answering(applied, nats_server, monkeypatch):
+    """A pass that times out (nats-server frozen with SIGSTOP) is logged and the next one runs."""
+    monkeypatch.setattr(artifacts, "_READ_TIMEOUT", 0.5)
+    store = ArtifactStore(applied.js, timeout=0.1)  # passes at least 0.4 s apart
+    await applied.js.publish(_chunk_subject("NAMELESS3"), b"left", stream=ARTIFACTS_STREAM)
+    strays, stopping = StrayChunks(store), asyncio.Event()
+    os.kill(nats_server.process.pid, signal.SIGSTOP)
+    try:
+        runner = asyncio.create_task(strays.run(stopping, 0.1))
+        await asyncio.sleep(1.5)  # the first pass waits 0.5 s for metas that do not come
+    finally:
+        os.kill(nats_server.process.pid, signal.SIGCONT)
+    for _ in range(50):
+        if strays.purged or runner.done():
+            break
+        await asyncio.sleep(0.2)
+    assert not runner.done(), runner.exception()
+    assert strays.purged == 1
+    stopping.set()
+    await runner

@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 
 from . import subjects
 from .artifacts import ArtifactStore, object_name
-from .errors import MessageDecodeError
+from .errors import MessageDecodeError, StorageUnavailable
 from .messages import ScrapeResult, ScrapeTask, decode
 from .render import capture_files
 
@@ -120,5 +120,5 @@ class StrayChunks:
                 pass
             try:
                 await self.sweep()
-            except _NATS_ERRORS as exc:
+            except (*_NATS_ERRORS, StorageUnavailable) as exc:  # NATS away or not answering: next pass
                 log.warning("leftovers.stray_sweep_failed", error=repr(exc))
