@@ -14,11 +14,11 @@ import time
 
 from playwright.async_api import async_playwright
 
-from busscrape.browser import JS_HEAP_MB
-from busscrape.chromium import launch_args, require_chromium
-from busscrape.har import HarRecorder
 from busscrape.settings import BrowserSettings, WorkerSettings
-from busscrape.tabs import Tab
+from busscrape.worker.browser.chromium import launch_args, require_chromium
+from busscrape.worker.browser.pool import JS_HEAP_MB
+from busscrape.worker.browser.tabs import Tab
+from busscrape.worker.har import HarRecorder
 
 CAP = WorkerSettings().max_screenshot_height
 

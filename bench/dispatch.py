@@ -35,12 +35,13 @@ from pathlib import Path
 
 import orjson
 
-from busscrape import logs, subjects, topology, tracing, urls
-from busscrape import streams as admin
-from busscrape.bus import Bus
-from busscrape.messages import ScrapeTask, encode, task_key
-from busscrape.nats_server import EmbeddedNatsServer
+from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.dispatch import urls
+from busscrape.model.messages import ScrapeTask, encode, task_key
+from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
+from busscrape.telemetry import logs, tracing
 
 WINDOW = 4096
 
@@ -66,8 +67,8 @@ def messages(path: Path) -> list[Message]:
         for line in f:
             url = urls.normalise(line)
             task_id = task_key(url)
-            headers = {subjects.MSG_ID: f"{task_id}-bench", subjects.MSG_TTL: str(7 * 86400),
-                       subjects.TRACEPARENT: tracing.new_traceparent(), subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+            headers = {names.MSG_ID: f"{task_id}-bench", names.MSG_TTL: str(7 * 86400),
+                       names.TRACEPARENT: tracing.new_traceparent(), names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
             out.append((task_id, encode(ScrapeTask(task_id=task_id, url=url, original_url=line.strip())), headers))
     return out
 
@@ -76,13 +77,13 @@ async def fresh(bus: Bus, settings: Settings) -> None:
     """Delete every stream and apply streams/ again: each measurement starts from the same state."""
     for info in await bus.js.streams_info():
         await bus.js.delete_stream(info.config.name)
-    await admin.apply(bus.js, topology.load(settings))
+    await provision.apply(bus.js, topology.load(settings))
 
 
 async def in_tasks(bus: Bus, count: int) -> None:
     """Poll until TASKS holds ``count`` tasks (the server does the sourcing: nothing to await)."""
     while True:
-        if (await bus.js.stream_info(subjects.TASKS_STREAM)).state.messages >= count:
+        if (await bus.js.stream_info(names.TASKS_STREAM)).state.messages >= count:
             return
         await asyncio.sleep(0.005)
 
@@ -145,9 +146,9 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict:
         tasks = messages(path)
         rates: dict[str, list[float]] = {"raw": [], "raw_seen": [], "raw_same": [], "dispatch": []}
         runs: list[tuple[str, Callable[[], Awaitable[float]]]] = [
-            ("raw", lambda: raw(bus, tasks, subjects.task_subject)),
-            ("raw_seen", lambda: raw(bus, tasks, subjects.seen_key_subject)),
-            ("raw_same", lambda: raw(bus, tasks, subjects.seen_key_subject, with_headers=True)),
+            ("raw", lambda: raw(bus, tasks, names.task_subject)),
+            ("raw_seen", lambda: raw(bus, tasks, names.seen_key_subject)),
+            ("raw_same", lambda: raw(bus, tasks, names.seen_key_subject, with_headers=True)),
             ("dispatch", lambda: _rate(dispatched(bus, settings, path, args.urls))),
         ]
         for round_ in range(args.repeat):

@@ -34,16 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bare import CAP, bare_loop
 from bench.benchsite import ORIGINS, BenchSite
-from busscrape import streams as admin
-from busscrape import subjects, topology
-from busscrape.bus import Bus
-from busscrape.chromium import launch_args, require_chromium
-from busscrape.daemons import Daemons
-from busscrape.messages import ScrapeResult, ScrapeTask, decode, encode, task_key, utcnow
-from busscrape.nats_server import EmbeddedNatsServer
+from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.model.messages import ScrapeResult, ScrapeTask, decode, encode, task_key, utcnow
+from busscrape.ops.nats_server import EmbeddedNatsServer
+from busscrape.ops.supervisor import Daemons
 from busscrape.settings import BrowserSettings, Settings
-from busscrape.taskstatus import StatusBoard
-from busscrape.tracker import Tracker
+from busscrape.status.records import StatusBoard
+from busscrape.status.tracker import Tracker
+from busscrape.worker.browser.chromium import launch_args, require_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,8 +76,8 @@ async def _span_from_status(workdir: Path) -> float:
         async with await Bus.connect(settings, name="bench-e2e") as bus:
             # The keys from the stream's subjects: nats-py's KeyValue.keys() can come back empty
             # (its watcher may signal "done" before the first key arrives; seen once here).
-            info = await bus.js.stream_info(f"KV_{subjects.STATUS_BUCKET}",
-                                            subjects_filter=f"$KV.{subjects.STATUS_BUCKET}.>")
+            info = await bus.js.stream_info(f"KV_{names.STATUS_BUCKET}",
+                                            subjects_filter=f"$KV.{names.STATUS_BUCKET}.>")
             board = StatusBoard(bus.js)
             first, last, count = None, None, 0
             for subject in info.state.subjects or {}:
@@ -122,7 +121,7 @@ async def latency(urls: list[str], workdir: Path, concurrency: int, every: float
     with EmbeddedNatsServer(workdir / "state" / "nats") as server:
         settings = settings_for(workdir, concurrency, server.url)
         async with await Bus.connect(settings, name="bench-latency") as bus:
-            await admin.apply(bus.js, topology.load(settings))
+            await provision.apply(bus.js, topology.load(settings))
             tracker = Tracker(bus.js)
             await tracker.start()
             async with Daemons(settings, workers=1):
@@ -130,8 +129,8 @@ async def latency(urls: list[str], workdir: Path, concurrency: int, every: float
                 dispatched = {}
                 for url in urls:
                     task = ScrapeTask(task_id=task_key(url), url=url, original_url=url, dispatched_at=utcnow())
-                    await bus.js.publish(subjects.seen_key_subject(task.task_id), encode(task),
-                                         headers={subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"})
+                    await bus.js.publish(names.seen_key_subject(task.task_id), encode(task),
+                                         headers={names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"})
                     dispatched[task.task_id] = task.dispatched_at
                     tracker.expect(task.task_id, None)
                     await asyncio.sleep(every)
@@ -139,9 +138,9 @@ async def latency(urls: list[str], workdir: Path, concurrency: int, every: float
                     await tracker.changed(1)
             await tracker.stop()
             renders = {}
-            info = await bus.js.stream_info(subjects.RESULTS_STREAM)
+            info = await bus.js.stream_info(names.RESULTS_STREAM)
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
-                result = decode(ScrapeResult, (await bus.js.get_msg(subjects.RESULTS_STREAM, seq)).data)
+                result = decode(ScrapeResult, (await bus.js.get_msg(names.RESULTS_STREAM, seq)).data)
                 renders[result.task_id] = result.timings["total"]
             board = StatusBoard(bus.js)
             phases: dict[str, list[float]] = {"overhead": [], "to worker": [], "in worker": [], "to archive": [],

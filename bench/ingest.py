@@ -40,16 +40,16 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.support.s3 import S3Server  # noqa: E402
 
-from busscrape import logs, subjects, topology  # noqa: E402
-from busscrape import streams as admin  # noqa: E402
-from busscrape.archive import GZIP_LEVEL  # noqa: E402
-from busscrape.artifacts import ArtifactStore, object_name  # noqa: E402
-from busscrape.bus import Bus  # noqa: E402
-from busscrape.ingester import Ingester  # noqa: E402
-from busscrape.messages import ScrapeResult, encode  # noqa: E402
-from busscrape.nats_server import EmbeddedNatsServer  # noqa: E402
+from busscrape.archive.layout import GZIP_LEVEL  # noqa: E402
+from busscrape.archive.storage.s3 import S3Storage  # noqa: E402
+from busscrape.artifacts.store import ArtifactStore, object_name  # noqa: E402
+from busscrape.bus import names, provision, topology  # noqa: E402
+from busscrape.bus.connection import Bus  # noqa: E402
+from busscrape.ingest.daemon import Ingester  # noqa: E402
+from busscrape.model.messages import ScrapeResult, encode  # noqa: E402
+from busscrape.ops.nats_server import EmbeddedNatsServer  # noqa: E402
 from busscrape.settings import Settings  # noqa: E402
-from busscrape.storage_s3 import S3Storage  # noqa: E402
+from busscrape.telemetry import logs  # noqa: E402
 
 VARIANTS = 16  # distinct page sets; every result still has its own artifacts in ARTIFACTS
 WORDS = b"the quick brown fox jumps over lazy dogs while busscrape renders pages into archives".split()
@@ -107,7 +107,7 @@ async def produce(js, pages: list[dict[str, bytes]], count: int, window: int = 1
                                   original_url=f"https://site{i % 50}.example/p/{i}", final_url="https://x/",
                                   status=200, artifacts=tuple(refs), worker="bench", attempt=1,
                                   scraped_at=datetime.now(UTC), timings={"total": 1000.0})
-            await js.publish(subjects.result_subject(task_id), encode(result), headers={subjects.MSG_ID: task_id})
+            await js.publish(names.result_subject(task_id), encode(result), headers={names.MSG_ID: task_id})
 
     await asyncio.gather(*(one(i) for i in range(count)))
 
@@ -200,7 +200,7 @@ async def main(args: argparse.Namespace) -> None:
             cpu = {mode: {name: 0.0 for name in pids} for mode in ("raw", "ingester")}
             async with await Bus.connect(settings, name="bench-ingest") as bus, \
                     S3Storage(settings.s3, max_uploads=args.upload_concurrency) as storage:
-                await admin.apply(bus.js, topology.load(settings))
+                await provision.apply(bus.js, topology.load(settings))
                 for r in range(args.rounds):
                     count = args.results // args.rounds + (1 if r < args.results % args.rounds else 0)
                     await produce(bus.js, pages, count)

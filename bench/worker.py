@@ -25,14 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bare import bare_loop
 from bench.benchsite import ORIGINS, BenchSite
-from busscrape import streams as admin
-from busscrape import subjects, topology
-from busscrape.bus import Bus
-from busscrape.logs import configure as configure_logs
-from busscrape.messages import ScrapeTask, encode, task_key
-from busscrape.nats_server import EmbeddedNatsServer
+from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.model.messages import ScrapeTask, encode, task_key
+from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
-from busscrape.worker import Worker
+from busscrape.telemetry.logs import configure as configure_logs
+from busscrape.worker.daemon import Worker
 
 
 def bus_settings(workdir: Path, url: str, concurrency: int, max_tasks: int) -> Settings:
@@ -46,8 +45,8 @@ def bus_settings(workdir: Path, url: str, concurrency: int, max_tasks: int) -> S
 async def enqueue_all(bus: Bus, urls: list[str]) -> None:
     for url in urls:
         task = ScrapeTask(task_id=task_key(url), url=url, original_url=url)
-        await bus.js.publish(subjects.seen_key_subject(task.task_id), encode(task))
-    while (await bus.js.stream_info(subjects.TASKS_STREAM)).state.messages < len(urls):  # noqa: ASYNC110 - polls NATS
+        await bus.js.publish(names.seen_key_subject(task.task_id), encode(task))
+    while (await bus.js.stream_info(names.TASKS_STREAM)).state.messages < len(urls):  # noqa: ASYNC110 - polls NATS
         await asyncio.sleep(0.1)
 
 
@@ -58,7 +57,7 @@ async def bus_worker(urls: list[str], concurrency: int, workdir: Path, sample_rs
         async with await Bus.connect(settings, name="bench") as bus:
             for info in await bus.js.streams_info():
                 await bus.js.delete_stream(info.config.name)
-            await admin.apply(bus.js, topology.load(settings))
+            await provision.apply(bus.js, topology.load(settings))
             await enqueue_all(bus, urls)
             async with Worker(bus, settings) as worker:
                 sampler = asyncio.create_task(_sample(worker)) if sample_rss else None
@@ -67,7 +66,7 @@ async def bus_worker(urls: list[str], concurrency: int, workdir: Path, sample_rs
                 elapsed = time.perf_counter() - started
                 if sampler:
                     sampler.cancel()
-            results = (await bus.js.stream_info(subjects.RESULTS_STREAM)).state.messages
+            results = (await bus.js.stream_info(names.RESULTS_STREAM)).state.messages
             if results != len(urls):
                 raise SystemExit(f"worker produced {results} results for {len(urls)} tasks: {dict(worker.counters)}")
     return elapsed

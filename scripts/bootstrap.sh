@@ -40,7 +40,7 @@ fi
 have_browser() {
   "$venv/bin/python" - <<'PY' 2>/dev/null
 import sys
-from busscrape.chromium import find_chromium
+from busscrape.worker.browser.chromium import find_chromium
 sys.exit(0 if find_chromium() else 1)
 PY
 }

@@ -18,16 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from busscrape import streams as admin
-from busscrape import topology
-from busscrape.bus import Bus
-from busscrape.nats_server import EmbeddedNatsServer
+from busscrape.bus import provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
-
-from .support.postgres import PostgresServer
-from .support.postgres import skip_reason as postgres_skip_reason
-from .support.s3 import S3Server
-from .support.site import Site
+from tests.support.postgres import PostgresServer
+from tests.support.postgres import skip_reason as postgres_skip_reason
+from tests.support.s3 import S3Server
+from tests.support.site import Site
 
 # The tests never read the developer's own configuration.
 for _name in list(os.environ):
@@ -87,7 +85,7 @@ async def bus(settings: Settings) -> AsyncIterator[Bus]:
 @pytest.fixture
 async def applied(bus: Bus, settings: Settings) -> Bus:
     """A clean server with every stream, consumer and bucket created from streams/."""
-    await admin.apply(bus.js, topology.load(settings))
+    await provision.apply(bus.js, topology.load(settings))
     return bus
 
 

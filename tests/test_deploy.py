@@ -31,10 +31,9 @@ import pytest
 import yaml
 from check_jsonschema.builtin_schemas import get_builtin_schema
 
-from busscrape import subjects
+from busscrape.bus import names
 from busscrape.units import parse_duration
-
-from .support.deploy import (
+from tests.support.deploy import (
     DAEMONS,
     DASHBOARD,
     K8S_VERSIONS,
@@ -240,7 +239,7 @@ def test_keda_scales_the_workers_on_their_consumer() -> None:
         (trigger,) = spec["triggers"]
         meta = trigger["metadata"]
         assert trigger["type"] == "nats-jetstream", where
-        assert meta["stream"] == subjects.TASKS_STREAM and meta["consumer"] == subjects.WORKERS_CONSUMER, where
+        assert meta["stream"] == names.TASKS_STREAM and meta["consumer"] == names.WORKERS_CONSUMER, where
         assert int(meta["lagThreshold"]) > 0 and int(meta["activationLagThreshold"]) >= 0, where
         assert meta["useHttps"] in ("true", "false"), where
         params = dict(meta)
@@ -428,10 +427,10 @@ def dashboard_targets() -> list[tuple[str, dict[str, Any]]]:
 def test_dashboard_queries_only_busscrape_metrics() -> None:
     used: set[str] = set()
     for title, target in dashboard_targets():
-        names = promql_metrics(target["expr"])
-        assert names and names <= set(METRICS), f"{title}: {target['expr']}"
-        used |= names
-        labels = set().union(*(METRICS[n] for n in names)) | TARGET_LABELS
+        metrics = promql_metrics(target["expr"])
+        assert metrics and metrics <= set(METRICS), f"{title}: {target['expr']}"
+        used |= metrics
+        labels = set().union(*(METRICS[n] for n in metrics)) | TARGET_LABELS
         for clause in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", target["expr"]):
             assert {x.strip() for x in clause.split(",")} <= labels, f"{title}: {target['expr']}"
         for label, value in re.findall(r'(\w+)\s*=~?\s*"([^"]*)"', target["expr"]):
@@ -439,7 +438,7 @@ def test_dashboard_queries_only_busscrape_metrics() -> None:
             if label == "outcome":
                 assert value in TASK_OUTCOMES, f"{title}: {target['expr']}"
             if label == "consumer":
-                assert value in {subjects.WORKERS_CONSUMER, subjects.INGESTERS_CONSUMER}, f"{title}"
+                assert value in {names.WORKERS_CONSUMER, names.INGESTERS_CONSUMER}, f"{title}"
     # Every metric has a panel (the histogram through its buckets).
     assert {n for n in METRICS if not n.endswith(("_sum", "_count"))} <= used
 

@@ -8,15 +8,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import (
-    BusscrapeError,
-    ConfigurationError,
-    MessageDecodeError,
-    PermanentError,
-    RetryableError,
-)
-from .messages import ArtifactRef, DeadLetter, ScrapeResult, ScrapeTask, decode, encode
-from .settings import Settings
+from busscrape.errors import BusscrapeError, ConfigurationError, MessageDecodeError, PermanentError, RetryableError
+from busscrape.model.messages import ArtifactRef, DeadLetter, ScrapeResult, ScrapeTask, decode, encode
+from busscrape.settings import Settings
 
 __all__ = [
     "ArtifactRef",

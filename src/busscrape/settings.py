@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .units import Duration, Size
+from busscrape.units import Duration, Size
 
 # ``scheme://userinfo@rest`` (the userinfo ends at the last @ before the path).
 _URL_USERINFO = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/]*)@(?P<rest>[^@]*)$", re.I)

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from busscrape import subjects
-from busscrape.bus import Bus
-from busscrape.messages import ScrapeResult, decode
-from busscrape.nats_server import EmbeddedNatsServer
-from busscrape.taskstatus import StatusBoard
-
-from ..conftest import make_settings
-from ..support import pages
-from ..support.bus import stream_messages
-from ..support.procs import env_for, spawn
+from busscrape.bus import names
+from busscrape.bus.connection import Bus
+from busscrape.model.messages import ScrapeResult, decode
+from busscrape.ops.nats_server import EmbeddedNatsServer
+from busscrape.status.records import StatusBoard
+from tests.conftest import make_settings
+from tests.support import pages
+from tests.support.bus import stream_messages
+from tests.support.procs import env_for, spawn
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -81,14 +80,14 @@ async def results_by_task(store: Path, tmp_path: Path) -> dict[str, int]:
         settings = make_settings(tmp_path, server.url)
         async with await Bus.connect(settings, name="inspect") as bus:
             counts: dict[str, int] = {}
-            for msg in await stream_messages(bus.js, subjects.RESULTS_STREAM):
+            for msg in await stream_messages(bus.js, names.RESULTS_STREAM):
                 task_id = decode(ScrapeResult, msg.data).task_id
                 counts[task_id] = counts.get(task_id, 0) + 1
             board = StatusBoard(bus.js)
             archived_twice = [t for t in counts if sum(s.state == "archived" for s in await board.history(t)) > 1]
             # what `busscrape status`, the API and a resumed run read: the outcome, not a step before it
             latest = {t: (await board.latest(t))[0].state for t in counts}  # type: ignore[index]
-            assert (await bus.js.stream_info(subjects.TASKS_STREAM)).state.messages == 0
+            assert (await bus.js.stream_info(names.TASKS_STREAM)).state.messages == 0
     assert archived_twice == []
     assert set(latest.values()) == {"archived"}, latest
     return counts
@@ -120,15 +119,14 @@ async def test_interrupted_run_resumes_and_archives_every_url_exactly_once(tmp_p
 
 
 async def test_run_against_an_external_nats_server(tmp_path, site, slow_urls, nats_server):
-    from busscrape import streams as admin
-    from busscrape import topology
+    from busscrape.bus import provision, topology
 
     path, urls = slow_urls
     settings = make_settings(tmp_path, nats_server.url)
     async with await Bus.connect(settings, name="prep") as bus:
         for info in await bus.js.streams_info():
             await bus.js.delete_stream(info.config.name)
-        await admin.apply(bus.js, topology.load(settings))
+        await provision.apply(bus.js, topology.load(settings))
     env = run_env(tmp_path, site, BUSSCRAPE_NATS__URL=nats_server.url)
     proc = cli(["run", str(path), "--with-daemons", "--workers", "1"], tmp_path, env)
     output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
@@ -138,8 +136,7 @@ async def test_run_against_an_external_nats_server(tmp_path, site, slow_urls, na
 
 
 async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, slow_urls, nats_server):
-    from busscrape import streams as admin
-    from busscrape import topology
+    from busscrape.bus import provision, topology
 
     path, urls = slow_urls
     settings = make_settings(tmp_path, nats_server.url, network={"allow": [f"{h}/32" for h in site.hosts]},
@@ -147,7 +144,7 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
     async with await Bus.connect(settings, name="prep") as bus:
         for info in await bus.js.streams_info():
             await bus.js.delete_stream(info.config.name)
-        await admin.apply(bus.js, topology.load(settings))
+        await provision.apply(bus.js, topology.load(settings))
     env = run_env(tmp_path, site, BUSSCRAPE_NATS__URL=nats_server.url)
     runner = cli(["run", str(path)], tmp_path, env)
     await asyncio.sleep(2)

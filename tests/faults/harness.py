@@ -19,17 +19,16 @@ from pathlib import Path
 
 import structlog
 
-from busscrape import subjects
-from busscrape.artifacts import ArtifactStore
-from busscrape.bus import Bus
-from busscrape.messages import DeadLetter, decode
-from busscrape.nats_server import EmbeddedNatsServer
+from busscrape.archive.storage.local import open_storage
+from busscrape.artifacts.store import ArtifactStore
+from busscrape.bus import names
+from busscrape.bus.connection import Bus
+from busscrape.model.messages import DeadLetter, decode
+from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
-from busscrape.storage import open_storage
-
-from ..support.bus import stream_messages
-from ..support.procs import env_for, kill9, spawn
-from ..support.s3 import S3Server
+from tests.support.bus import stream_messages
+from tests.support.procs import env_for, kill9, spawn
+from tests.support.s3 import S3Server
 
 log = structlog.get_logger("faults")
 
@@ -102,8 +101,8 @@ class Fleet:
                     b'{"junk": "' + b"x" * 900_000 + b'"}']
         sent = []
         for i, payload in enumerate(payloads):
-            for stream, subject in ((subjects.TASKS_STREAM, subjects.task_subject(f"poison{i}")),
-                                    (subjects.RESULTS_STREAM, subjects.result_subject(f"poison{i}"))):
+            for stream, subject in ((names.TASKS_STREAM, names.task_subject(f"poison{i}")),
+                                    (names.RESULTS_STREAM, names.result_subject(f"poison{i}"))):
                 ack = await bus.js.publish(subject, payload, stream=stream)
                 sent.append((stream, ack.seq))
         self.faults["poison_messages"] += len(sent)
@@ -112,8 +111,8 @@ class Fleet:
     async def orphan_chunks(self, bus: Bus, count: int = 2) -> None:
         """Chunks with no meta naming them, as a clean-up cut short between its two purges leaves."""
         for i in range(count):
-            await bus.js.publish(f"$O.{subjects.ARTIFACTS_BUCKET}.C.ORPHAN{i}", b"left behind" * 100,
-                                 stream=subjects.ARTIFACTS_STREAM)
+            await bus.js.publish(f"$O.{names.ARTIFACTS_BUCKET}.C.ORPHAN{i}", b"left behind" * 100,
+                                 stream=names.ARTIFACTS_STREAM)
         self.faults["orphan_chunks"] += count
 
     def stop(self) -> None:
@@ -163,24 +162,24 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
                 archived[key.rsplit("/", 2)[-2]] += 1
     dead: dict[str, DeadLetter] = {}
     poison_found: set[tuple[str, int]] = set()
-    for msg in await stream_messages(bus.js, subjects.DEADLETTER_STREAM):
+    for msg in await stream_messages(bus.js, names.DEADLETTER_STREAM):
         letter = decode(DeadLetter, msg.data)
         if letter.task_id:
             dead[letter.task_id] = letter
         elif letter.source and letter.source.seq is not None:
             poison_found.add((letter.source.stream, letter.source.seq))
-    tasks = await bus.js.stream_info(subjects.TASKS_STREAM)
-    ingest = await bus.js.consumer_info(subjects.RESULTS_STREAM, subjects.INGESTERS_CONSUMER)
+    tasks = await bus.js.stream_info(names.TASKS_STREAM)
+    ingest = await bus.js.consumer_info(names.RESULTS_STREAM, names.INGESTERS_CONSUMER)
     # A released object has its chunks purged: live objects are the chunk subjects still there.
-    chunks = await bus.js.stream_info(subjects.ARTIFACTS_STREAM,
-                                      subjects_filter=f"$O.{subjects.ARTIFACTS_BUCKET}.C.>")
+    chunks = await bus.js.stream_info(names.ARTIFACTS_STREAM,
+                                      subjects_filter=f"$O.{names.ARTIFACTS_BUCKET}.C.>")
     objects = len(chunks.state.subjects or {})
-    metas = await bus.js.stream_info(subjects.ARTIFACTS_STREAM, subjects_filter=f"$O.{subjects.ARTIFACTS_BUCKET}.M.>")
-    names = sorted(base64.urlsafe_b64decode(subject.rsplit(".", 1)[-1]).decode()
+    metas = await bus.js.stream_info(names.ARTIFACTS_STREAM, subjects_filter=f"$O.{names.ARTIFACTS_BUCKET}.M.>")
+    stored_names = sorted(base64.urlsafe_b64decode(subject.rsplit(".", 1)[-1]).decode()
                    for subject in metas.state.subjects or {})
     nameless = sorted(await ArtifactStore(bus.js).nameless_chunks()) if objects else []
     return Audit(dispatched=dispatched, archived=archived, dead=dead, poison_found=poison_found,
                  tasks_left=tasks.state.messages,
                  results_pending=(ingest.num_pending or 0) + (ingest.num_ack_pending or 0),
-                 live_artifacts=objects, artifact_names=names,
+                 live_artifacts=objects, artifact_names=stored_names,
                  nameless_chunks=nameless)

@@ -19,15 +19,13 @@ import uuid
 import pytest
 from aiohttp import web
 
-from busscrape import streams as admin
-from busscrape import topology
-from busscrape.bus import Bus
-from busscrape.dispatcher import Dispatcher
-from busscrape.nats_server import EmbeddedNatsServer
-
-from ..conftest import make_settings
-from ..support.site import Site
-from .harness import Fleet, audit
+from busscrape.bus import provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.dispatch.dispatcher import Dispatcher
+from busscrape.ops.nats_server import EmbeddedNatsServer
+from tests.conftest import make_settings
+from tests.faults.harness import Fleet, audit
+from tests.support.site import Site
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.s3, pytest.mark.timeout(900)]
 
@@ -64,7 +62,7 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
     fleet = Fleet(tmp_path, settings, nats, s3)
     try:
         async with await Bus.connect(settings, name="faults") as bus:
-            await admin.apply(bus.js, topology.load(settings))
+            await provision.apply(bus.js, topology.load(settings))
             for i in range(WORKERS):
                 fleet.start_worker(f"worker-{i + 1}")
             fleet.start_ingester()

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 
-from busscrape import subjects
-from busscrape.messages import DeadLetter, ScrapeResult, ScrapeTask, TaskOptions, decode, encode, task_key
+from busscrape.bus import names
+from busscrape.model.messages import DeadLetter, ScrapeResult, ScrapeTask, TaskOptions, decode, encode, task_key
 
 
 async def enqueue(js: JetStreamContext, url: str, *, steps: tuple = (), options: TaskOptions | None = None,
@@ -19,8 +19,8 @@ async def enqueue(js: JetStreamContext, url: str, *, steps: tuple = (), options:
     task = ScrapeTask(task_id=task_key(url, steps, options), url=url, original_url=url, steps=steps,
                       options=options, labels=labels or {})
     # No Nats-Msg-Id: TASKS would de-duplicate a later re-queue of the same task id by it.
-    await js.publish(subjects.seen_key_subject(task.task_id), encode(task),
-                     headers={subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"})
+    await js.publish(names.seen_key_subject(task.task_id), encode(task),
+                     headers={names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"})
     return task
 
 
@@ -36,11 +36,11 @@ async def stream_messages(js: JetStreamContext, stream: str) -> list:
 
 
 async def results(js: JetStreamContext) -> list[ScrapeResult]:
-    return [decode(ScrapeResult, m.data) for m in await stream_messages(js, subjects.RESULTS_STREAM)]
+    return [decode(ScrapeResult, m.data) for m in await stream_messages(js, names.RESULTS_STREAM)]
 
 
 async def dead_letters(js: JetStreamContext) -> list[DeadLetter]:
-    return [decode(DeadLetter, m.data) for m in await stream_messages(js, subjects.DEADLETTER_STREAM)]
+    return [decode(DeadLetter, m.data) for m in await stream_messages(js, names.DEADLETTER_STREAM)]
 
 
 async def count(js: JetStreamContext, stream: str) -> int:

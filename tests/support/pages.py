@@ -8,7 +8,7 @@ import time
 
 from aiohttp import web
 
-from .site import Site
+from tests.support.site import Site
 
 STATIC = """<!doctype html><html><head><title>Static page</title><link rel=stylesheet href=/style.css></head>
 <body><h1>Static</h1><p>Plain server-rendered text.</p><img src=/pixel.svg></body></html>"""

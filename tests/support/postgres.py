@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .net import free_port, wait_port
+from tests.support.net import free_port, wait_port
 
 USER = "busscrape"
 PASSWORD = "busscrape-test-password"

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from .net import TcpProxy, free_port, wait_port
-from .pki import Issued
+from tests.support.net import TcpProxy, free_port, wait_port
+from tests.support.pki import Issued
 
 ACCESS_KEY = "busscrape-test"
 SECRET_KEY = "busscrape-test-secret-key"

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from .net import free_port
+from tests.support.net import free_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from ..api import ApiServer
-from ..bus import Bus
-from ..settings import Settings
-from .app import app, run, serve, settings
+from busscrape.api.server import ApiServer
+from busscrape.bus.connection import Bus
+from busscrape.cli.app import app, run, serve, settings
+from busscrape.settings import Settings
 
 HELP = """Serve the HTTP API: POST /tasks (queue URLs as dispatch does), GET /tasks/{id} and
 GET /tasks?url= (a task's history), GET /search?q= (the archive's full-text index), GET /healthz,

@@ -12,10 +12,11 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from .. import __version__, logs
-from ..errors import EXIT_INTERRUPTED, ConfigurationError
-from ..health import HealthServer
-from ..settings import Settings
+from busscrape import __version__
+from busscrape.errors import EXIT_INTERRUPTED, ConfigurationError
+from busscrape.settings import Settings
+from busscrape.telemetry import logs
+from busscrape.telemetry.health import HealthServer
 
 EPILOG = (
     "Exit codes: 0 ok; 1 partial (rejected input under --strict, failed publishes, dead letters); "
@@ -100,7 +101,7 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."
                                               "and meaning as a Markdown table (the README's).")) -> None:
     """Print the effective settings (secrets masked) and where each can be set."""
     if markdown:
-        from ..settings import reference_markdown
+        from busscrape.settings import reference_markdown
 
         sys.stdout.write(reference_markdown())
         return

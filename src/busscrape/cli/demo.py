@@ -10,11 +10,11 @@ import typer
 from rich.syntax import Syntax
 from rich.tree import Tree
 
-from ..demo_site import DEMO_PATHS, DemoSite
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
-from ..runner import RunOptions, RunSummary
-from .app import app, err, out, run, settings
-from .run import execute, how_to_look, quiet_logs, summary_table
+from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.run import execute, how_to_look, quiet_logs, summary_table
+from busscrape.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
+from busscrape.ops.demo_site import DEMO_PATHS, DemoSite
+from busscrape.ops.runner import RunOptions, RunSummary
 
 EXPECTED_DEAD = {"/missing.html": "http_404"}
 

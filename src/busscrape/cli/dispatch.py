@@ -15,14 +15,14 @@ import typer
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import logs
-from ..bus import Bus
-from ..dispatcher import Dispatcher, DispatchSummary
-from ..inputs import Rejection, TaskDefaults
-from ..settings import Settings
-from ..telemetry import configure_tracing
-from . import options
-from .app import app, err, out, run, settings
+from busscrape.bus.connection import Bus
+from busscrape.cli import options
+from busscrape.cli.app import app, err, out, run, settings
+from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
+from busscrape.dispatch.inputs import Rejection, TaskDefaults
+from busscrape.settings import Settings
+from busscrape.telemetry import logs
+from busscrape.telemetry.metrics import configure_tracing
 
 HELP = """Validate, normalise and de-duplicate every URL in INPUT, and queue one task per new URL.
 

@@ -14,16 +14,15 @@ from rich.json import JSON
 from rich.table import Table
 from rich.text import Text
 
-from .. import streams as admin
-from .. import subjects, topology
-from ..bus import Bus
-from ..dlq import DeadLetterQueue, Entry, LetterFilter, Outcome
-from ..errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL
-from ..messages import utcnow
-from ..settings import Settings
-from ..units import parse_duration
-from .app import app, err, out, run, settings
-from .options import usage
+from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.options import usage
+from busscrape.deadletters.queue import DeadLetterQueue, Entry, LetterFilter, Outcome
+from busscrape.errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL
+from busscrape.model.messages import utcnow
+from busscrape.settings import Settings
+from busscrape.units import parse_duration
 
 group = typer.Typer(help="List, show, replay and purge dead letters (DEADLETTER).", no_args_is_help=True)
 app.add_typer(group, name="dlq")
@@ -55,15 +54,15 @@ def _filter(reason: list[str], host: list[str], stage: list[str], older_than: st
         usage(str(exc))
 
 
-READS = {("stream", subjects.DEADLETTER_STREAM)}
+READS = {("stream", names.DEADLETTER_STREAM)}
 # A replay writes to TASKS, ATTEMPTS and STATUS: better exit 2 with the fix than fail every letter.
-REPLAYS = READS | {("stream", subjects.TASKS_STREAM), ("kv", subjects.ATTEMPTS_BUCKET), ("kv", subjects.STATUS_BUCKET)}
+REPLAYS = READS | {("stream", names.TASKS_STREAM), ("kv", names.ATTEMPTS_BUCKET), ("kv", names.STATUS_BUCKET)}
 
 
 @contextlib.asynccontextmanager
 async def _queue(s: Settings, needs: set[tuple[str, str]] = READS) -> AsyncIterator[DeadLetterQueue]:
     async with await Bus.connect(s, name="busscrape-dlq") as bus:
-        await admin.require(bus.js, topology.load(s), needs)
+        await provision.require(bus.js, topology.load(s), needs)
         yield DeadLetterQueue(bus.js, request_timeout=s.nats.request_timeout)
 
 

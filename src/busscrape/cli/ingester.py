@@ -8,13 +8,13 @@ from pathlib import Path
 import structlog
 import typer
 
-from ..bus import Bus
-from ..errors import EXIT_OK, EXIT_PARTIAL
-from ..ingester import Ingester
-from ..settings import Settings
-from ..storage import open_storage
-from ..telemetry import Telemetry, configure_tracing
-from .app import app, run, serve, settings
+from busscrape.archive.storage.local import open_storage
+from busscrape.bus.connection import Bus
+from busscrape.cli.app import app, run, serve, settings
+from busscrape.errors import EXIT_OK, EXIT_PARTIAL
+from busscrape.ingest.daemon import Ingester
+from busscrape.settings import Settings
+from busscrape.telemetry.metrics import Telemetry, configure_tracing
 
 log = structlog.get_logger("busscrape.cli")
 

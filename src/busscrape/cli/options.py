@@ -8,11 +8,11 @@ from typing import Any, NoReturn
 import typer
 from pydantic import TypeAdapter, ValidationError
 
-from ..errors import EXIT_CONFIG
-from ..inputs import TaskDefaults
-from ..messages import TaskOptions, describe_validation_error
-from ..steps import Step
-from .app import err
+from busscrape.cli.app import err
+from busscrape.dispatch.inputs import TaskDefaults
+from busscrape.errors import EXIT_CONFIG
+from busscrape.model.messages import TaskOptions, describe_validation_error
+from busscrape.model.steps import Step
 
 _STEPS = TypeAdapter(tuple[Step, ...])
 

@@ -14,12 +14,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..dispatcher import DispatchSummary
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
-from ..runner import Runner, RunOptions, RunSummary
-from ..settings import Settings
-from . import options
-from .app import app, err, out, run, settings
+from busscrape.cli import options
+from busscrape.cli.app import app, err, out, run, settings
+from busscrape.dispatch.dispatcher import DispatchSummary
+from busscrape.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
+from busscrape.ops.runner import Runner, RunOptions, RunSummary
+from busscrape.settings import Settings
 
 HELP = """Run the whole pipeline on INPUT and wait until every task is archived or dead-lettered.
 

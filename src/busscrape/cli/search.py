@@ -10,9 +10,12 @@ import typer
 from rich.console import Group
 from rich.text import Text
 
-from ..errors import EXIT_CONFIG, EXIT_OK
-from ..search_feed import reindex
-from ..search_index import (
+from busscrape.archive.storage.local import open_storage
+from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.options import usage
+from busscrape.errors import EXIT_CONFIG, EXIT_OK
+from busscrape.search.feed import reindex
+from busscrape.search.index import (
     MARK_END,
     MARK_START,
     InvalidQuery,
@@ -22,10 +25,7 @@ from ..search_index import (
     open_index,
     parse_since,
 )
-from ..settings import Settings
-from ..storage import open_storage
-from .app import app, err, out, run, settings
-from .options import usage
+from busscrape.settings import Settings
 
 HELP = """Search the visible text, titles and URLs of every archived page; best matches first.
 

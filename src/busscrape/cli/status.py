@@ -16,15 +16,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .. import streams as admin
-from .. import topology
-from ..bus import Bus
-from ..errors import EXIT_OK
-from ..overview import Overview
-from ..settings import Settings
-from ..units import parse_duration
-from .app import app, out, run, settings
-from .options import usage
+from busscrape.bus import provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.cli.app import app, out, run, settings
+from busscrape.cli.options import usage
+from busscrape.errors import EXIT_OK
+from busscrape.ops.overview import Overview
+from busscrape.settings import Settings
+from busscrape.units import parse_duration
 
 HELP = """Show streams, consumers, buckets, dead letters, the workers' lag and rates at a glance.
 
@@ -67,7 +66,7 @@ async def _status(s: Settings, *, watch: bool, every: float, as_json: bool) -> i
             loop.add_signal_handler(sig, stop.set)
     try:
         async with await Bus.connect(s, name="busscrape-status") as bus:
-            await admin.require(bus.js, definitions, topology.REQUIRED)
+            await provision.require(bus.js, definitions, topology.REQUIRED)
             async with Overview(bus, definitions, monitor_url=s.nats.monitor_url,
                                 account=s.nats.monitor_account) as view:
                 first = await view.counters()

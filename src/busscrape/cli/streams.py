@@ -8,12 +8,11 @@ import orjson
 import typer
 from rich.table import Table
 
-from .. import streams as admin
-from .. import topology
-from ..bus import Bus
-from ..errors import EXIT_CONFIG, StreamConflict
-from ..units import format_duration
-from .app import app, err, out, run, settings
+from busscrape.bus import provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.cli.app import app, err, out, run, settings
+from busscrape.errors import EXIT_CONFIG, StreamConflict
+from busscrape.units import format_duration
 
 group = typer.Typer(help="Create, update and inspect the streams, consumers and buckets in streams/.",
                     no_args_is_help=True)
@@ -33,10 +32,10 @@ def apply_cmd(
     """Create what is missing, update what differs (showing the diff), leave the rest."""
     s = settings(nats={"url": nats_url})
 
-    async def go() -> list[admin.Change]:
+    async def go() -> list[provision.Change]:
         definitions = topology.load(s)
         async with await Bus.connect(s, name="busscrape-streams") as bus:
-            return await admin.apply(bus.js, definitions, dry_run=dry_run, recreate=frozenset(recreate))
+            return await provision.apply(bus.js, definitions, dry_run=dry_run, recreate=frozenset(recreate))
 
     try:
         changes = run(go())
@@ -65,10 +64,10 @@ def show_cmd(
     """Print the live configuration and counts of every stream, consumer and bucket."""
     s = settings(nats={"url": nats_url})
 
-    async def go() -> list[admin.Live]:
+    async def go() -> list[provision.Live]:
         definitions = topology.load(s)
         async with await Bus.connect(s, name="busscrape-streams") as bus:
-            return await admin.show(bus.js, definitions)
+            return await provision.show(bus.js, definitions)
 
     lives = run(go())
     if as_json:

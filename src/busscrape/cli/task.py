@@ -11,14 +11,13 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .. import streams as admin
-from .. import subjects, topology
-from ..bus import Bus
-from ..errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL, InputError
-from ..settings import Settings
-from ..task_history import TASK_ID, HistoryEvent, HistoryReader, TaskHistory, task_id_for_url
-from .app import app, err, out, run, settings
-from .options import usage
+from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.options import usage
+from busscrape.errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL, InputError
+from busscrape.settings import Settings
+from busscrape.status.history import TASK_ID, HistoryEvent, HistoryReader, TaskHistory, task_id_for_url
 
 HELP = """Show every transition of a task: queued, running (attempt n), retrying (why), rendered,
 archived (where) or dead (why), for each time it was dispatched.
@@ -81,7 +80,7 @@ def resolve(task: str, s: Settings, spec: str | None) -> str:
 
 async def _read(s: Settings, task_id: str) -> TaskHistory | None:
     async with await Bus.connect(s, name="busscrape-task") as bus:
-        await admin.require(bus.js, topology.load(s), {("kv", subjects.STATUS_BUCKET), ("kv", subjects.SEEN_BUCKET)})
+        await provision.require(bus.js, topology.load(s), {("kv", names.STATUS_BUCKET), ("kv", names.SEEN_BUCKET)})
         return await HistoryReader(bus.js).read(task_id)
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from .. import streams as admin
-from .. import topology
-from ..bus import Bus
-from ..telemetry import Telemetry, configure_tracing
-from ..units import parse_duration
-from ..worker import Worker
-from .app import app, run, serve, settings
+from busscrape.bus import provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.cli.app import app, run, serve, settings
+from busscrape.telemetry.metrics import Telemetry, configure_tracing
+from busscrape.units import parse_duration
+from busscrape.worker.daemon import Worker
 
 
 @app.command("worker")
@@ -32,7 +31,7 @@ def worker_cmd(
 
     async def go() -> None:
         async with await Bus.connect(s, name=f"busscrape-worker-{s.worker.name}") as bus:
-            await admin.require(bus.js, topology.load(s), {
+            await provision.require(bus.js, topology.load(s), {
                 ("stream", "TASKS"), ("consumer", "workers"), ("stream", "RESULTS"), ("stream", "DEADLETTER"),
                 ("object_store", "ARTIFACTS"), ("kv", "ATTEMPTS"), ("consumer", "reaper")})
             configure_tracing("worker")

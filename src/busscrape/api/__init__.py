@@ -1,0 +1,2 @@
+"""The HTTP API (``busscrape api``): tasks in, task histories and search out.
+"""

@@ -1,0 +1,199 @@
+"""The HTTP API's request and response models, and the OpenAPI 3.1 document built from them.
+
+The models are what the server validates and serialises, and the document's schemas are their
+JSON Schemas, so the two cannot drift apart; limits that come from the settings (body size,
+tasks per request, search results) are written into the document from the same settings the
+server enforces. Request models are validated in strict mode: ``"true"`` is not a boolean and
+``5`` is not a string, exactly as the document says.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from busscrape import __version__
+from busscrape.dispatch.intake import TaskOutcome
+from busscrape.search.index import MAX_QUERY_CHARS, SearchHit
+from busscrape.settings import Settings
+from busscrape.status.history import TaskHistory
+
+TASK_ID_PATTERN = r"^[0-9a-f]{32}$"
+MAX_URL_PARAM = 4096  # GET /tasks?url=: a URL as given, before normalisation (which caps it at max_url_length)
+MAX_HOST_PARAM = 253  # the longest DNS name
+MAX_SINCE_PARAM = 64
+
+
+def _optional(*names: str) -> Any:
+    """Drop ``default: null`` from properties that may be left out but may not be null."""
+
+    def edit(schema: dict[str, Any]) -> None:
+        for name in names:
+            schema["properties"][name].pop("default", None)
+
+    return edit
+
+
+class TaskSpecIn(BaseModel):
+    """One task with its own options, as a line of ``busscrape dispatch specs.jsonl`` (validated per task)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, title="TaskSpec")
+
+    url: str
+    steps: list[Any] | None = None
+    """Page steps (click, fill, wait_for, scroll …); left out: none."""
+    labels: dict[str, str] | None = None
+
+
+class TaskRequest(BaseModel):
+    """Exactly one of ``url``, ``urls`` or ``tasks``; ``labels`` go on every task, ``force`` re-queues
+    tasks already seen within the recrawl window."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_optional("url", "urls", "tasks",
+                                                                                       "labels"))
+
+    url: str = Field(default=None)  # type: ignore[assignment]  # absent, never null
+    urls: list[str] = Field(default=None, min_length=1)  # type: ignore[assignment]
+    tasks: list[TaskSpecIn] = Field(default=None, min_length=1)  # type: ignore[assignment]
+    labels: dict[str, str] = Field(default=None)  # type: ignore[assignment]
+    force: bool = False
+
+    def items(self) -> list[dict[str, Any]]:
+        """The tasks as JSONL specs (what the dispatcher reads)."""
+        if self.url is not None:
+            return [{"url": self.url}]
+        if self.urls is not None:
+            return [{"url": u} for u in self.urls]
+        return [{k: v for k, v in t.model_dump().items() if v is not None or k not in ("steps", "labels")}
+                for t in self.tasks]
+
+    def given(self) -> int:
+        """How many of url, urls, tasks the request holds (the document says exactly one)."""
+        return sum(v is not None for v in (self.url, self.urls, self.tasks))
+
+
+class TasksAccepted(BaseModel):
+    """What became of every task of a ``POST /tasks`` (202)."""
+
+    tasks: list[TaskOutcome]
+    queued: int
+    already_seen: int
+    duplicate: int
+    rejected: int
+
+
+class ErrorDetail(BaseModel):
+    reason: str
+    """A stable code: ``invalid_json``, ``invalid_request``, ``unauthorized``, ``invalid_query`` …"""
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error answer."""
+
+    error: ErrorDetail
+    tasks: list[TaskOutcome] | None = None
+    """``POST /tasks`` only: what became of each task when none could be queued, or a publish failed."""
+
+
+class SearchResults(BaseModel):
+    query: str
+    backend: str
+    results: list[SearchHit]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    nats: bool
+
+
+MODELS: tuple[type[BaseModel], ...] = (TaskRequest, TasksAccepted, ErrorBody, SearchResults, TaskHistory, Health)
+
+
+def _json(ref: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": ref}}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    meaning = {400: "Invalid request", 401: "Missing or wrong bearer token", 404: "Not found",
+               413: "Request body too large", 415: "Body is not JSON", 503: "Unavailable"}
+    return {str(c): _json("#/components/schemas/ErrorBody", meaning[c]) for c in codes}
+
+
+def openapi_document(settings: Settings) -> dict[str, Any]:
+    """The OpenAPI document of the API as configured (auth and limits from ``settings``)."""
+    from pydantic.json_schema import models_json_schema
+
+    api = settings.api
+    _, top = models_json_schema([(m, "validation" if m is TaskRequest else "serialization") for m in MODELS],
+                                ref_template="#/components/schemas/{model}")
+    schemas = top["$defs"]
+    for name in ("urls", "tasks"):
+        schemas["TaskRequest"]["properties"][name]["maxItems"] = api.max_tasks
+    schemas["TaskRequest"]["oneOf"] = [{"required": [name]} for name in ("url", "urls", "tasks")]
+    auth = ["401"] if api.token is not None else []
+    secured = {"security": [{"bearer": []}]} if api.token is not None else {}
+    history = _json("#/components/schemas/TaskHistory", "Every generation of the task, oldest first")
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "busscrape", "version": __version__,
+                 "description": "Queue pages to scrape, follow each task, and search what was archived."},
+        "paths": {
+            "/tasks": {
+                "post": {
+                    "operationId": "createTasks", "summary": "Queue one or many URLs (validated as dispatch does)",
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/TaskRequest"}}}},
+                    "responses": {"202": _json("#/components/schemas/TasksAccepted", "What became of each task"),
+                                  **_errors(400, *map(int, auth), 413, 415, 503)},
+                    **secured,
+                },
+                "get": {
+                    "operationId": "findTask", "summary": "The history of the task a URL becomes (default options)",
+                    "parameters": [{"name": "url", "in": "query", "required": True,
+                                    "schema": {"type": "string", "maxLength": MAX_URL_PARAM}}],
+                    "responses": {"200": history, **_errors(400, *map(int, auth), 404, 503)},
+                    **secured,
+                },
+            },
+            "/tasks/{task_id}": {
+                "get": {
+                    "operationId": "getTask", "summary": "Every transition of a task",
+                    "parameters": [{"name": "task_id", "in": "path", "required": True,
+                                    "schema": {"type": "string", "pattern": TASK_ID_PATTERN}}],
+                    "responses": {"200": history, **_errors(400, *map(int, auth), 404, 503)},
+                    **secured,
+                },
+            },
+            "/search": {
+                "get": {
+                    "operationId": "search", "summary": "Full-text search of the archived pages, best first",
+                    "parameters": [
+                        {"name": "q", "in": "query", "required": True, "description": "The query, in the backend's "
+                         "syntax (FTS5 MATCH / websearch_to_tsquery)",
+                         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS}},
+                        {"name": "host", "in": "query", "schema": {"type": "string", "maxLength": MAX_HOST_PARAM}},
+                        {"name": "since", "in": "query", "description": "A date, a time (ISO 8601) or an age "
+                         "such as 7d", "schema": {"type": "string", "maxLength": MAX_SINCE_PARAM}},
+                        {"name": "limit", "in": "query",
+                         "schema": {"type": "integer", "minimum": 1, "maximum": api.max_search_results,
+                                    "default": 10}},
+                    ],
+                    "responses": {"200": _json("#/components/schemas/SearchResults", "Ranked results"),
+                                  **_errors(400, *map(int, auth), 503)},
+                    **secured,
+                },
+            },
+            "/healthz": {
+                "get": {"operationId": "health", "summary": "Whether the API and its NATS connection are up",
+                        "security": [],
+                        "responses": {"200": _json("#/components/schemas/Health", "Up"),
+                                      "503": _json("#/components/schemas/Health", "NATS is not connected")}},
+            },
+        },
+        "components": {"schemas": schemas},
+    }
+    if api.token is not None:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return doc

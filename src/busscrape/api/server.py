@@ -1,0 +1,305 @@
+"""``busscrape api``: queue tasks, follow them and search the archive over HTTP (aiohttp).
+
+::
+
+    POST /tasks             one or many URLs (or task specs), through the dispatcher: 202 + outcome per task
+    GET  /tasks/{task_id}   the task's history (STATUS merged with SEEN, ``task_history``)
+    GET  /tasks?url=…       the same, for the task a URL becomes
+    GET  /search?q=…        ranked full-text search of the archived pages (``search_index``)
+    GET  /healthz           up, and whether NATS is connected
+    GET  /openapi.json      the OpenAPI 3.1 document (``api_schema``)
+
+Every error is JSON, ``{"error": {"reason": …, "message": …}}``, whatever raised it (a bad
+body, an unknown path, a wrong method, an oversize body). With ``BUSSCRAPE_API__TOKEN`` set,
+every request but ``/healthz`` and ``/openapi.json`` needs ``Authorization: Bearer <token>``,
+compared in constant time. Bodies are limited to ``BUSSCRAPE_API__MAX_BODY_BYTES``: a declared
+length above it is refused before a byte is read, a chunked body as soon as it passes it.
+
+``ApiServer`` is an async context manager with ``run()`` and ``stop()``, like the daemons: the
+first stop ends ``run()``; leaving the context stops listening and gives requests in flight
+``SHUTDOWN_GRACE`` seconds to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+import orjson
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from busscrape.api.schema import (
+    MAX_HOST_PARAM,
+    MAX_SINCE_PARAM,
+    MAX_URL_PARAM,
+    ErrorBody,
+    ErrorDetail,
+    Health,
+    SearchResults,
+    TaskRequest,
+    TasksAccepted,
+    openapi_document,
+)
+from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.dispatch.intake import submit
+from busscrape.errors import BusscrapeError, ConfigurationError, InputError
+from busscrape.model.messages import describe_validation_error
+from busscrape.search.index import InvalidQuery, SearchIndex, SearchQuery, SearchUnavailable, open_index, parse_since
+from busscrape.settings import Settings
+from busscrape.status.history import TASK_ID, HistoryReader, TaskHistory, task_id_for_url
+
+log = structlog.get_logger("busscrape.api")
+
+SHUTDOWN_GRACE = 5.0
+MAX_REQUEST_LINE = 256 * 1024
+OPEN = frozenset({"/healthz", "/openapi.json"})  # served without a token
+NEEDED = {("kv", names.SEEN_BUCKET), ("kv", names.STATUS_BUCKET), ("stream", names.TASKS_STREAM)}
+_INTEGER = re.compile(r"^-?[0-9]{1,9}$")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    """An answer other than success: status, reason code, message (and per-task outcomes)."""
+
+    def __init__(self, status: int, reason: str, message: str, *, tasks: list[Any] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message, self.tasks, self.headers = status, reason, message, tasks, headers
+
+
+def reply(model: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(model.model_dump(mode="json")), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def failure(status: int, reason: str, message: str, **extra: Any) -> web.Response:
+    body = ErrorBody(error=ErrorDetail(reason=reason, message=message), tasks=extra.get("tasks"))
+    return reply(body, status, extra.get("headers"))
+
+
+class ApiServer:
+    """The HTTP API on ``settings.api.host:port`` (``port`` is the bound one once entered)."""
+
+    def __init__(self, bus: Bus, settings: Settings) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.host = settings.api.host
+        self.port = settings.api.port
+        self.history = HistoryReader(bus.js)
+        self.document = openapi_document(settings)
+        self._token = settings.api.token.get_secret_value().encode() if settings.api.token else None
+        self._index: SearchIndex | None = None
+        self._index_lock = asyncio.Lock()
+        self._runner: web.AppRunner | None = None
+        self._stopping = asyncio.Event()
+        self._entered = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> ApiServer:
+        if self._entered:
+            raise RuntimeError("an ApiServer can be entered only once")
+        self._entered = True
+        await provision.require(self.bus.js, topology.load(self.settings), NEEDED)
+        # aiohttp refuses a request line over 8 KB in plain text, before any handler: a 1,000-character
+        # query of 4-byte characters is 12 KB percent-encoded. Longer lines are let through to be
+        # refused with a JSON reason by the parameters' own limits.
+        app = web.Application(client_max_size=self.settings.api.max_body_bytes,
+                              middlewares=[self._errors, self._auth], handler_args={"max_line_size": MAX_REQUEST_LINE})
+        app.router.add_post("/tasks", self.create_tasks)
+        app.router.add_get("/tasks", self.find_task)
+        app.router.add_get("/tasks/{task_id}", self.get_task)
+        app.router.add_get("/search", self.search)
+        app.router.add_get("/healthz", self.health)
+        app.router.add_get("/openapi.json", self.openapi)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise ConfigurationError(f"cannot listen on {self.host}:{self.port} ({exc.strerror or exc}); choose "
+                                     "another with --host/--port or BUSSCRAPE_API__HOST/__PORT") from None
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("api.listening", host=self.host, port=self.port, auth=self._token is not None,
+                 search=self.settings.search.backend)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._index is not None:
+            await self._index.close()
+        log.info("api.stopped")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> int:
+        """Serve until ``stop()``."""
+        await self._stopping.wait()
+        return 0
+
+    # -- middleware ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every failure as a JSON error, keeping what HTTP needs (``Allow`` on 405)."""
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return failure(exc.status, exc.reason, exc.message, tasks=exc.tasks, headers=exc.headers)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            reason = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status, "http_error")
+            keep = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+            return failure(exc.status, reason, exc.text or exc.reason, headers=keep)
+        except Exception as exc:  # a bug: say so, keep serving
+            log.exception("api.failed", path=request.path)
+            return failure(500, "internal_error", f"{type(exc).__name__}: the server failed; see its log")
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._token is None or request.path in OPEN:
+            return await handler(request)
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        given = given.lstrip(" ")  # RFC 6750: "Bearer" 1*SP token; nothing else is trimmed
+        if scheme.lower() != "bearer" or not given:
+            raise ApiError(401, "unauthorized", "this API wants `Authorization: Bearer <token>`",
+                           headers={"WWW-Authenticate": 'Bearer realm="busscrape"'})
+        if not hmac.compare_digest(given.encode(), self._token):
+            raise ApiError(401, "invalid_token", "the bearer token is not the API's",
+                           headers={"WWW-Authenticate": 'Bearer realm="busscrape", error="invalid_token"'})
+        return await handler(request)
+
+    # -- tasks --------------------------------------------------------------------------------
+
+    async def create_tasks(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        try:
+            wanted = TaskRequest.model_validate(body, strict=True)
+        except ValidationError as exc:
+            raise ApiError(400, "invalid_request", describe_validation_error(exc)) from None
+        if wanted.given() != 1:
+            raise ApiError(400, "invalid_request", "give exactly one of url, urls or tasks")
+        items = wanted.items()
+        if len(items) > self.settings.api.max_tasks:
+            raise ApiError(400, "too_many_tasks", f"{len(items)} tasks; at most {self.settings.api.max_tasks} "
+                                                  "a request (BUSSCRAPE_API__MAX_TASKS)")
+        try:
+            intake = await submit(self.bus, self.settings, items, labels=wanted.labels, force=wanted.force)
+        except ConfigurationError as exc:
+            raise ApiError(503, exc.reason, exc.message) from None
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+            raise ApiError(503, "bus_unavailable", f"NATS did not answer ({exc!r}); sending the same request "
+                                                   "again is safe") from None
+        counts = intake.counts
+        log.info("api.tasks", **counts)
+        if counts["failed"]:
+            raise ApiError(503, "bus_unavailable", f"NATS did not confirm {counts['failed']} task(s); sending the "
+                                                   "same request again is safe", tasks=intake.outcomes)
+        if counts["rejected"] == len(items):
+            reasons = {o.reason for o in intake.outcomes}
+            raise ApiError(400, reasons.pop() if len(reasons) == 1 else "invalid_tasks",  # type: ignore[arg-type]
+                           "; ".join(f"{o.index}: {o.reason} ({o.detail})" for o in intake.outcomes[:5]),
+                           tasks=intake.outcomes)
+        return reply(TasksAccepted(tasks=intake.outcomes, queued=counts["queued"],
+                                   already_seen=counts["already_seen"], duplicate=counts["duplicate"],
+                                   rejected=counts["rejected"]), 202)
+
+    async def _json_body(self, request: web.Request) -> Any:
+        limit = self.settings.api.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise ApiError(413, "body_too_large", f"{request.content_length} bytes; at most {limit} "
+                                                  "(BUSSCRAPE_API__MAX_BODY_BYTES)")
+        if request.content_type != "application/json":
+            raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+        raw = await request.read()  # aiohttp stops a chunked body past client_max_size (413)
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+
+    async def get_task(self, request: web.Request) -> web.Response:
+        task_id = request.match_info["task_id"]
+        if not TASK_ID.match(task_id):
+            raise ApiError(400, "invalid_task_id", "a task id is 32 lower-case hex characters")
+        return reply(await self._history(task_id, task_id))
+
+    async def find_task(self, request: web.Request) -> web.Response:
+        url = request.query.get("url")
+        if url is None:
+            raise ApiError(400, "invalid_request", "give ?url=… (or ask for /tasks/{task_id})")
+        if len(url) > MAX_URL_PARAM:
+            raise ApiError(400, "too_long", f"url is longer than {MAX_URL_PARAM} characters")
+        try:
+            task_id = task_id_for_url(url, self.settings)
+        except InputError as exc:
+            raise ApiError(400, exc.reason, exc.message) from None
+        return reply(await self._history(task_id, url))
+
+    async def _history(self, task_id: str, asked: str) -> TaskHistory:
+        try:
+            found = await self.history.read(task_id)
+        except BusscrapeError as exc:
+            raise ApiError(503, exc.reason, exc.message) from None
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+            raise ApiError(503, "bus_unavailable", f"cannot read STATUS or SEEN: {exc!r}") from None
+        if found is None:
+            raise ApiError(404, "task_not_found", f"no task {task_id} ({asked}) is queued or remembered")
+        return found
+
+    # -- search -------------------------------------------------------------------------------
+
+    async def search(self, request: web.Request) -> web.Response:
+        q = request.query
+        limit_text = q.get("limit", "10")
+        if not _INTEGER.match(limit_text):
+            raise ApiError(400, "invalid_query", f"limit must be an integer, not {limit_text!r}")
+        for name, longest in (("host", MAX_HOST_PARAM), ("since", MAX_SINCE_PARAM)):
+            if len(q.get(name, "")) > longest:
+                raise ApiError(400, "invalid_query", f"{name} is longer than {longest} characters")
+        try:
+            query = SearchQuery.parse(q.get("q", ""), host=q.get("host"),
+                                      since=parse_since(q["since"]) if "since" in q else None,
+                                      limit=int(limit_text), max_limit=self.settings.api.max_search_results)
+            index = await self._search_index()
+            hits = await index.search(query)
+        except InvalidQuery as exc:
+            raise ApiError(400, exc.reason, exc.message) from None
+        except (SearchUnavailable, ConfigurationError) as exc:
+            raise ApiError(503, exc.reason, exc.message) from None
+        return reply(SearchResults(query=query.text, backend=index.backend, results=hits))
+
+    async def _search_index(self) -> SearchIndex:
+        """The index, opened on first use (and again after a failed open)."""
+        async with self._index_lock:
+            if self._index is None:
+                index = open_index(self.settings)
+                await index.__aenter__()
+                self._index = index
+            return self._index
+
+    # -- the rest -----------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        up = self.bus.nc.is_connected
+        return reply(Health(status="ok" if up else "unavailable", nats=up), 200 if up else 503)
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(self.document, dumps=lambda d: orjson.dumps(d).decode())
+

@@ -1,0 +1,124 @@
+"""Leftover artifacts: what earlier deliveries of a task stored in ARTIFACTS that no result points at.
+
+A worker killed between storing a task's artifacts and publishing its result, or whose clean-up
+failed while NATS was away, leaves objects that nothing will archive or release. The bucket's TTL
+would collect them days later; but the delivery that settles the task knows where they are, since
+object names are ``<task_id>/<task_seq>/<attempt>/<file>`` and the files follow from the task
+(``render.capture_files``). So the worker that publishes a retried task's result or files its dead
+letter, and the reaper, discard the earlier attempts' objects, all but those of the result that
+RESULTS holds for this task (when an earlier attempt published one and died before its ack, that
+result is the one the ingester archives).
+
+Those are found by name. ``StrayChunks`` collects what has no name any more: chunks whose meta
+is gone (a delivery's put that went on writing after another delivery had discarded its object,
+a clean-up cut short by a kill or by NATS going away). Every worker runs it every few minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterable
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js import JetStreamContext
+
+from busscrape.artifacts.store import ArtifactStore, object_name
+from busscrape.bus import names
+from busscrape.errors import MessageDecodeError, StorageUnavailable
+from busscrape.model.messages import ScrapeResult, ScrapeTask, decode
+from busscrape.worker.render import capture_files
+
+log = structlog.get_logger("busscrape.leftovers")
+
+_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
+
+
+async def referenced(js: JetStreamContext, task_id: str, seq: int) -> set[str] | None:
+    """The objects of the result RESULTS holds for this task and ``seq`` (empty when it holds none).
+
+    None when that cannot be told (RESULTS does not answer, or its last result for the task is
+    another dispatch's): then nothing may be discarded.
+    """
+    try:
+        msg = await js.get_last_msg(names.RESULTS_STREAM, names.result_subject(task_id))
+    except nats.js.errors.NotFoundError:
+        return set()
+    except _NATS_ERRORS:
+        return None
+    try:
+        result = decode(ScrapeResult, msg.data or b"")
+    except MessageDecodeError:
+        return None
+    return {ref.object for ref in result.artifacts} if result.task_seq == seq else None
+
+
+async def sweep(js: JetStreamContext, store: ArtifactStore, task: ScrapeTask, seq: int, attempts: Iterable[int],
+                keep: set[str] | None = None) -> int:
+    """Discard the objects of ``attempts`` of this task, but those of the result that stands;
+    the number found.
+
+    ``keep`` is that result's objects when the caller knows them (its own result, just
+    published); otherwise RESULTS is asked, and nothing is discarded when it cannot tell.
+    Best effort: what a failing request leaves, the bucket's TTL collects.
+    """
+    if keep is None:
+        keep = await referenced(js, task.task_id, seq)
+        if keep is None:
+            return 0
+    doomed = [name for attempt in attempts for file in capture_files(task)
+             if (name := object_name(task.task_id, seq, attempt, file)) not in keep]
+    outcomes = await asyncio.gather(*(store.delete(name) for name in doomed), return_exceptions=True)
+    found = sum(1 for outcome in outcomes if outcome is True)
+    failed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
+    if found or failed:
+        log.info("leftovers.discarded", task_id=task.task_id, seq=seq, objects=found, errors=failed[:3])
+    return found
+
+
+class StrayChunks:
+    """Purges chunks that no meta has named for two passes in a row.
+
+    A put rolls its placeholder meta onto the name before its first chunk, and every deletion
+    purges chunks before the meta, so chunks without a meta are left over, except those of a put
+    that started between a pass's reading of the metas and its listing of the chunks: by the
+    next pass, that put's meta is there (or its object is gone). So one pass only suspects;
+    the next one purges what it still finds nameless.
+    """
+
+    def __init__(self, store: ArtifactStore) -> None:
+        self.store = store
+        self.suspects: set[str] = set()
+        self.purged = 0
+
+    async def sweep(self) -> int:
+        """One pass; the number of chunk subjects purged."""
+        nameless = await self.store.nameless_chunks()
+        strays = list(nameless & self.suspects)
+        outcomes = await asyncio.gather(*(self.store.purge_chunks(nuid) for nuid in strays), return_exceptions=True)
+        purged = {nuid for nuid, done in zip(strays, outcomes, strict=True) if not isinstance(done, BaseException)}
+        self.suspects = nameless - purged  # a purge that failed is tried again next pass
+        if strays:
+            log.warning("leftovers.stray_chunks", purged=len(purged), failed=len(strays) - len(purged))
+        self.purged += len(purged)
+        return len(purged)
+
+    async def run(self, stopping: asyncio.Event, interval: float) -> None:
+        """Sweep every ``interval`` seconds (with jitter, so a fleet's workers spread out) until ``stopping``.
+
+        Never more often than the store's ``placeholder_lag``: closer passes could take the chunks
+        of a put whose placeholder is still being re-sent for strays.
+        """
+        interval = max(interval, self.store.placeholder_lag)
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), interval * random.uniform(0.8, 1.2))
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.sweep()
+            except (*_NATS_ERRORS, StorageUnavailable) as exc:  # NATS away or not answering: next pass
+                log.warning("leftovers.stray_sweep_failed", error=repr(exc))

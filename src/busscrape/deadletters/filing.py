@@ -1,0 +1,70 @@
+"""Filing dead letters: one place that turns a give-up into a DEADLETTER message.
+
+Every stage that gives up on a message calls ``file`` and only then removes the message from
+its own stream, so a crash between the two at worst files the same letter twice, and the
+``Nats-Msg-Id`` (one per task delivery or poison message) makes the second one a no-op.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import structlog
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from busscrape.bus.names import DEADLETTER_STREAM, MSG_ID, deadletter_subject
+from busscrape.errors import BusscrapeError
+from busscrape.model.messages import DeadLetter, MessageSource, encode, preview
+from busscrape.telemetry import tracing
+from busscrape.telemetry.metrics import Telemetry
+
+log = structlog.get_logger("busscrape.deadletters")
+
+PAYLOAD_PREVIEW = 4096  # characters of an undecodable payload kept in its dead letter
+
+
+def task_letter_id(task_id: str, task_seq: int) -> str:
+    """The dedup id of the dead letter for one queued task (worker and reaper agree on it)."""
+    return f"dead-task-{task_id}-{task_seq}"
+
+
+def poison_letter_id(stream: str, seq: int) -> str:
+    return f"poison-{stream}-{seq}"
+
+
+def host_of(url: str | None) -> str | None:
+    if not url:
+        return None
+    try:
+        return urlsplit(url).hostname
+    except ValueError:
+        return None
+
+
+def source_of(msg: Msg) -> MessageSource:
+    seq = msg.metadata.sequence.stream if msg.reply else None
+    stream = msg.metadata.stream if msg.reply else "?"
+    return MessageSource(stream=stream, subject=msg.subject, seq=seq)
+
+
+def poison(stage: str, msg: Msg, error: BusscrapeError) -> DeadLetter:
+    """The dead letter for a message that could not even be decoded."""
+    return DeadLetter(
+        stage=stage,  # type: ignore[arg-type]
+        reason=error.reason,
+        error=str(error),
+        payload=preview(msg.data, PAYLOAD_PREVIEW),
+        source=source_of(msg),
+    )
+
+
+async def file(js: JetStreamContext, letter: DeadLetter, *, msg_id: str, telemetry: Telemetry | None = None) -> None:
+    """Publish ``letter`` to DEADLETTER and wait for its ack (raises if NATS refuses)."""
+    subject = deadletter_subject(letter.stage, letter.task_id)
+    ack = await js.publish(subject, encode(letter), stream=DEADLETTER_STREAM,
+                           headers=tracing.inject({MSG_ID: msg_id}))
+    if telemetry is not None and not ack.duplicate:
+        telemetry.dead_letters.add(1, {"stage": letter.stage, "reason": letter.reason})
+    log.warning("deadletter.filed", stage=letter.stage, reason=letter.reason, task_id=letter.task_id,
+                url=letter.url, error=letter.error[:300])

@@ -1,0 +1,2 @@
+"""The messages on the bus (frozen pydantic models, one codec) and the step DSL a task carries.
+"""

@@ -1,0 +1,250 @@
+"""The messages on the bus and their one codec.
+
+Every message is a frozen pydantic model with a ``schema_version``. ``encode`` and ``decode``
+(orjson underneath) are the only way messages become bytes and back; ``decode`` raises
+``MessageDecodeError`` whose ``reason`` says how a payload is wrong (``not_json``,
+``not_an_object``, ``unsupported_schema_version``, ``invalid_schema``) and whose message names
+the fields.
+
+``ScrapeTask``   dispatcher → TASKS → worker
+``ScrapeResult`` worker → RESULTS → ingester; carries ``ArtifactRef`` claim checks, never bytes
+``DeadLetter``   anyone → DEADLETTER; the reason, the attempt history and the task for replay
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from busscrape.errors import MessageDecodeError
+from busscrape.model.steps import Step, WaitUntil
+from busscrape.units import Duration
+
+SCHEMA_VERSION = 1
+
+ArtifactKind = Literal["html", "screenshot", "har", "text"]
+DEFAULT_ARTIFACTS: tuple[ArtifactKind, ...] = ("html", "screenshot", "har", "text")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Message(_Model):
+    """Base of every bus message."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- task ---------------------------------------------------------------------------------------
+
+
+class Viewport(_Model):
+    width: int = Field(1280, ge=200, le=4096)
+    height: int = Field(800, ge=200, le=4096)
+
+
+class ScreenshotOptions(_Model):
+    format: Literal["png", "jpeg"] = "png"
+    quality: int | None = Field(None, ge=1, le=100)
+    """JPEG quality; only with ``format: jpeg``."""
+    full_page: bool = True
+    """Capture the whole page (cut at the worker's ``max_screenshot_height``)."""
+
+
+class TaskOptions(_Model):
+    """How to render and what to capture. Part of a task's identity."""
+
+    artifacts: tuple[ArtifactKind, ...] = DEFAULT_ARTIFACTS
+    screenshot: ScreenshotOptions = ScreenshotOptions()
+    har_content: Literal["omit", "embed"] = "omit"
+    """HAR response bodies: ``omit`` (headers and timings only) or ``embed`` (base64 in the HAR)."""
+    wait_until: WaitUntil = "load"
+    navigation_timeout: Duration | None = Field(None, gt=0, le=600)
+    """Overrides the worker's navigation timeout."""
+    viewport: Viewport = Viewport()
+    user_agent: str | None = Field(None, max_length=512)
+    headers: dict[str, str] = {}
+    """Extra HTTP request headers."""
+    block_resources: tuple[Literal["image", "media", "font", "stylesheet"], ...] = ()
+    """Resource types not to download (faster renders; screenshots lose them)."""
+
+
+class ScrapeTask(Message):
+    """One URL to render."""
+
+    task_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    """Digest of the normalised URL, steps and options: the same work has the same id."""
+    url: str
+    """The normalised URL the worker navigates to."""
+    original_url: str
+    """The URL as written in the input."""
+    steps: tuple[Step, ...] = ()
+    options: TaskOptions = TaskOptions()
+    labels: dict[str, str] = {}
+    """Free-form tags carried through to the result and the archive (``job``, ``customer``…)."""
+    dispatched_at: datetime = Field(default_factory=utcnow)
+
+
+def task_key(url: str, steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None) -> str:
+    """The stable identity of a piece of work: sha256 of URL + steps + options, 32 hex chars.
+
+    Labels are not part of it: the same page with other labels is the same work.
+    """
+    options = options or TaskOptions()
+    canonical = orjson.dumps(
+        [url, [s.model_dump(mode="json") for s in steps], options.model_dump(mode="json")],
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+# -- result -------------------------------------------------------------------------------------
+
+
+class ArtifactRef(_Model):
+    """A claim check: where an artifact waits in the ARTIFACTS object store, and its digest."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+    """File name in the archive (``page.html``, ``screenshot.png``, ``shot-<name>.png``)."""
+    kind: Literal["html", "screenshot", "har", "text", "extra_screenshot"]
+    object: str
+    """Object name in the ARTIFACTS bucket."""
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    content_type: str
+    nuid: str | None = None
+    """Where the object's chunks are (``$O.ARTIFACTS.C.<nuid>``): lets the reader skip a lookup."""
+
+
+class ScrapeResult(Message):
+    """A rendered page: metadata inline, bytes by reference."""
+
+    task_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    task_seq: int = Field(ge=0)
+    """Sequence of the task message in TASKS (distinguishes a re-dispatch of the same work)."""
+    url: str
+    original_url: str
+    final_url: str
+    status: int | None = None
+    redirect_chain: tuple[str, ...] = ()
+    response_headers: dict[str, str] = {}
+    title: str = ""
+    timings: dict[str, float] = {}
+    """Milliseconds: ``navigation``, ``steps``, ``capture``, ``total`` and the page's own marks."""
+    artifacts: tuple[ArtifactRef, ...] = ()
+    labels: dict[str, str] = {}
+    worker: str
+    attempt: int = Field(ge=1)
+    scraped_at: datetime
+    blocked_requests: tuple[str, ...] = ()
+    """Sub-requests the network policy refused (the page rendered without them)."""
+    dispatched_at: datetime | None = None
+    """When the task was dispatched (tells re-dispatches of one task id apart)."""
+
+
+# -- dead letter --------------------------------------------------------------------------------
+
+
+class AttemptRecord(_Model):
+    """One failed attempt, kept in the ATTEMPTS bucket between deliveries."""
+
+    attempt: int = Field(ge=1)
+    worker: str
+    at: datetime
+    reason: str
+    error: str
+    retryable: bool
+    status: int | None = None
+
+
+class MessageSource(_Model):
+    """Where a dead-lettered message came from."""
+
+    stream: str
+    subject: str
+    seq: int | None = None
+
+
+class DeadLetter(Message):
+    """A task or result that will not be retried, and why."""
+
+    task_id: str | None = None
+    stage: Literal["dispatch", "worker", "reaper", "ingester"]
+    reason: str
+    """Stable code: ``timeout``, ``http_404``, ``blocked_by_policy``, ``malformed_message`` …"""
+    error: str
+    url: str | None = None
+    host: str | None = None
+    attempts: tuple[AttemptRecord, ...] = ()
+    task: ScrapeTask | None = None
+    """The task itself, so ``busscrape dlq replay`` can queue it again."""
+    result: ScrapeResult | None = None
+    payload: str | None = None
+    """The start of an undecodable payload (for poison messages)."""
+    source: MessageSource | None = None
+    dead_at: datetime = Field(default_factory=utcnow)
+
+
+# -- codec --------------------------------------------------------------------------------------
+
+M = TypeVar("M", bound=Message)
+
+
+def encode(message: Message) -> bytes:
+    """The wire form of a message: compact JSON."""
+    return orjson.dumps(message.model_dump(mode="python", exclude_defaults=False))
+
+
+def decode(kind: type[M], data: bytes | str) -> M:
+    """Parse ``data`` as a ``kind`` message or raise ``MessageDecodeError`` saying what is wrong."""
+    try:
+        raw: Any = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise MessageDecodeError(
+            f"{kind.__name__}: payload is not JSON ({exc}); starts with {preview(data)!r}",
+            reason="not_json",
+        ) from None
+    if not isinstance(raw, dict):
+        raise MessageDecodeError(
+            f"{kind.__name__}: payload is JSON {type(raw).__name__}, not an object", reason="not_an_object"
+        )
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        said = "missing" if version is None else repr(version)
+        raise MessageDecodeError(
+            f"{kind.__name__}: schema_version {said}; this busscrape reads version {SCHEMA_VERSION}",
+            reason="unsupported_schema_version",
+        )
+    try:
+        return kind.model_validate(raw)
+    except ValidationError as exc:
+        detail = describe_validation_error(exc)
+        raise MessageDecodeError(f"{kind.__name__}: {detail}", reason="invalid_schema") from None
+
+
+def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:
+    """``url: Field required; options.viewport.width: Input should be …`` (first few errors)."""
+    parts = []
+    for err in exc.errors()[:limit]:
+        where = ".".join(str(p) for p in err["loc"]) or "(message)"
+        parts.append(f"{where}: {err['msg']}")
+    more = exc.error_count() - limit
+    if more > 0:
+        parts.append(f"… and {more} more")
+    return "; ".join(parts)
+
+
+def preview(data: bytes | str, limit: int = 120) -> str:
+    """The start of a payload as text, for error messages and dead letters."""
+    if isinstance(data, bytes):
+        data = data[: limit * 4].decode("utf-8", errors="replace")
+    return data[:limit] + ("…" if len(data) > limit else "")

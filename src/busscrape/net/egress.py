@@ -1,0 +1,183 @@
+"""The egress proxy: every TCP connection the browser opens passes the network policy here.
+
+Chromium is launched with ``--proxy-server=socks5://127.0.0.1:<port>`` and
+``--proxy-bypass-list=<-loopback>`` (so even loopback goes through it). With SOCKS5 the browser
+hands over the *name* and port; the proxy resolves it once, refuses non-public addresses that
+are not allowed, and connects to exactly the address it checked — so redirects,
+sub-resources, WebSockets and DNS tricks all meet the same rule, with no window between check
+and connect. After the handshake it only copies bytes (TLS stays end to end).
+
+Refusals are remembered per ``host:port`` for a while so the worker can tell a task *why* its
+navigation failed (Chromium itself only says ``ERR_SOCKS_CONNECTION_FAILED``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+import struct
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import structlog
+
+from busscrape.net.policy import NetworkPolicy
+
+log = structlog.get_logger("busscrape.egress")
+
+_VERSION = 5
+_NO_AUTH = 0
+_CONNECT = 1
+_ATYP_IPV4, _ATYP_DOMAIN, _ATYP_IPV6 = 1, 3, 4
+_OK, _FAILURE, _NOT_ALLOWED, _HOST_UNREACHABLE, _REFUSED, _CMD_UNSUPPORTED = 0, 1, 2, 4, 5, 7
+_PIPE_CHUNK = 256 * 1024
+_REMEMBER = 4096  # refusals remembered for explanations
+
+
+@dataclass(frozen=True)
+class Refusal:
+    host: str
+    port: int
+    reason: str
+    at: float
+
+
+class EgressProxy:
+    """A SOCKS5 server on loopback that enforces a ``NetworkPolicy``. Async context manager."""
+
+    def __init__(self, policy: NetworkPolicy, host: str = "127.0.0.1", connect_timeout: float = 15.0) -> None:
+        self.policy = policy
+        self.host = host
+        self.port = 0
+        self.connect_timeout = connect_timeout
+        self.refusals: OrderedDict[tuple[str, int], Refusal] = OrderedDict()
+        self.connections = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"socks5://{self.host}:{self.port}"
+
+    async def __aenter__(self) -> EgressProxy:
+        if self._server is not None:
+            raise RuntimeError("the egress proxy is already running")
+        self._server = await asyncio.start_server(self._accept, self.host, 0, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def explain(self, host: str, port: int, since: float = 0.0) -> str | None:
+        """Why a connection to host:port was refused (at or after ``since``), if it was."""
+        refusal = self.refusals.get((host.lower().strip("[]"), port))
+        return refusal.reason if refusal and refusal.at >= since else None
+
+    def _remember(self, host: str, port: int, reason: str) -> None:
+        key = (host.lower(), port)
+        self.refusals[key] = Refusal(host, port, reason, time.monotonic())
+        self.refusals.move_to_end(key)
+        while len(self.refusals) > _REMEMBER:
+            self.refusals.popitem(last=False)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        version, count = await reader.readexactly(2)
+        methods = await reader.readexactly(count)
+        if version != _VERSION or _NO_AUTH not in methods:
+            writer.write(bytes([_VERSION, 0xFF]))
+            return
+        writer.write(bytes([_VERSION, _NO_AUTH]))
+        _, command, _, atyp = await reader.readexactly(4)
+        if atyp == _ATYP_IPV4:
+            host = socket.inet_ntop(socket.AF_INET, await reader.readexactly(4))
+        elif atyp == _ATYP_IPV6:
+            host = socket.inet_ntop(socket.AF_INET6, await reader.readexactly(16))
+        elif atyp == _ATYP_DOMAIN:
+            (length,) = await reader.readexactly(1)
+            host = (await reader.readexactly(length)).decode("idna")
+        else:
+            return await self._reply(writer, _FAILURE)
+        (port,) = struct.unpack("!H", await reader.readexactly(2))
+        if command != _CONNECT:
+            return await self._reply(writer, _CMD_UNSUPPORTED)
+
+        upstream = await self._connect(host, port)
+        if isinstance(upstream, int):
+            return await self._reply(writer, upstream)
+        up_reader, up_writer = upstream
+        self.connections += 1
+        try:
+            await self._reply(writer, _OK)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            up_writer.close()
+
+    async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | int:
+        """Resolve, check, connect to a checked address; or the SOCKS error code."""
+        try:
+            addresses = await self.policy.resolve(host, port)
+        except (OSError, ValueError):
+            return _HOST_UNREACHABLE
+        allowed = []
+        reason = None
+        for ip in addresses:
+            refusal = self.policy.refusal(host, ip, port)
+            if refusal is None:
+                allowed.append(ip)
+            else:
+                reason = reason or refusal
+        if not allowed:
+            reason = reason or "no address"
+            self._remember(host, port, reason)
+            log.info("egress.refused", host=host, port=port, reason=reason)
+            return _NOT_ALLOWED
+        last_error: OSError | None = None
+        for ip in allowed:
+            try:
+                return await asyncio.wait_for(asyncio.open_connection(str(ip), port, limit=_PIPE_CHUNK),
+                                              self.connect_timeout)
+            except (OSError, TimeoutError) as exc:
+                last_error = exc if isinstance(exc, OSError) else OSError(str(exc))
+        return _REFUSED if isinstance(last_error, ConnectionRefusedError) else _HOST_UNREACHABLE
+
+    async def _reply(self, writer: asyncio.StreamWriter, code: int) -> None:
+        # BND.ADDR is unused by Chromium; 0.0.0.0:0 is the usual filler.
+        writer.write(bytes([_VERSION, code, 0, _ATYP_IPV4]) + ipaddress.IPv4Address(0).packed + b"\x00\x00")
+        await writer.drain()
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while data := await src.read(_PIPE_CHUNK):
+            dst.write(data)
+            await dst.drain()
+    except (OSError, asyncio.CancelledError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            if dst.can_write_eof():
+                dst.write_eof()
+            else:
+                dst.close()

@@ -1,0 +1,164 @@
+"""``busscrape run``: the whole pipeline from one command.
+
+Without ``BUSSCRAPE_NATS__URL`` it starts an embedded nats-server (data in
+``<state_dir>/nats``), applies the streams, starts worker and ingester processes, dispatches
+the input, follows every task through the STATUS bucket until it is archived or dead, stops
+everything and returns a summary. With a URL it uses that server, only dispatches and waits
+(the daemons run elsewhere), unless ``with_daemons`` asks for local ones too.
+
+Stopping (Ctrl-C) ends dispatching, stops the daemons gracefully (tasks in flight go back to
+the queue) and returns what is known; running the same input again resumes: tasks already
+queued are not queued twice, and the run waits for them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import structlog
+
+from busscrape.bus import provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
+from busscrape.dispatch.inputs import Rejection, Source, TaskDefaults
+from busscrape.model.messages import utcnow
+from busscrape.ops.nats_server import EmbeddedNatsServer
+from busscrape.ops.supervisor import Daemons
+from busscrape.settings import Settings
+from busscrape.status.tracker import Tracker
+
+log = structlog.get_logger("busscrape.run")
+
+
+@dataclass
+class RunOptions:
+    source: Source
+    workers: int = field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2))
+    with_daemons: bool = False
+    defaults: TaskDefaults = field(default_factory=TaskDefaults)
+    force: bool = False
+
+
+@dataclass
+class RunSummary:
+    dispatch: DispatchSummary | None
+    tasks: int
+    outcomes: Counter[str]
+    dead_reasons: Counter[str]
+    seconds: float
+    archive: str
+    interrupted: bool = False
+    failed_daemons: list[str] = field(default_factory=list)
+    locations: list[str] = field(default_factory=list)
+    """Where each archived task of this run is (folder URIs)."""
+
+    @property
+    def archived(self) -> int:
+        return self.outcomes.get("archived", 0)
+
+    @property
+    def dead(self) -> int:
+        return self.outcomes.get("dead", 0)
+
+    @property
+    def unfinished(self) -> int:
+        return self.tasks - self.archived - self.dead
+
+
+Progress = Callable[[Counter[str], DispatchSummary | None, float], None]
+
+
+class Runner:
+    """One run. ``stop()`` once ends it gracefully (second call: at once)."""
+
+    def __init__(self, settings: Settings, options: RunOptions, progress: Progress | None = None) -> None:
+        self.settings = settings
+        self.options = options
+        self.progress = progress
+        self._stop = asyncio.Event()
+        self._stops = 0
+        self._dispatcher: Dispatcher | None = None
+        self.rejections: list[Rejection] = []
+
+    def stop(self) -> None:
+        self._stops += 1
+        self._stop.set()
+        if self._dispatcher is not None:
+            self._dispatcher.stop()
+
+    def archive_location(self) -> str:
+        s = self.settings
+        if s.s3.endpoint:
+            return f"s3://{s.s3.bucket}/{s.archive.prefix}".rstrip("/")
+        return str((s.archive_dir() / s.archive.prefix).resolve())
+
+    async def run(self) -> RunSummary:
+        started = time.monotonic()
+        async with AsyncExitStack() as stack:
+            settings = self.settings
+            embedded = not settings.nats.url
+            if embedded:
+                server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary)
+                await asyncio.to_thread(server.start)
+                stack.callback(server.stop)
+                settings = settings.with_overrides(nats={"url": server.url})
+                log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
+            bus = await stack.enter_async_context(await Bus.connect(settings, name="busscrape-run"))
+            definitions = topology.load(settings)
+            if embedded:
+                await provision.apply(bus.js, definitions)
+            else:
+                await provision.require(bus.js, definitions, topology.REQUIRED)
+            tracker = Tracker(bus.js)
+            await tracker.start()
+            stack.push_async_callback(tracker.stop)
+            daemons = None
+            if embedded or self.options.with_daemons:
+                daemons = Daemons(settings, workers=self.options.workers)
+                await stack.enter_async_context(daemons)
+            summary = await self._dispatch(bus, settings, tracker)
+            await self._wait(tracker, summary, started)
+            if daemons is not None:
+                # Done: the daemons are idle and exit at once. Interrupted: a few seconds for
+                # renders about to finish, then in-flight tasks go back to the queue.
+                await daemons.stop(grace=(0.5 if self._stops > 1 else 5.0) if self._stop.is_set() else 10.0)
+            counts = tracker.counts()
+            reasons = Counter(s.reason or "unknown" for s in tracker.final.values() if s.state == "dead")
+            return RunSummary(dispatch=summary, tasks=len(tracker.expected), outcomes=counts, dead_reasons=reasons,
+                              seconds=time.monotonic() - started, archive=self.archive_location(),
+                              interrupted=self._stop.is_set(),
+                              failed_daemons=daemons.failed() if daemons else [],
+                              locations=sorted(s.archive for s in tracker.final.values() if s.archive))
+
+    async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
+        since = utcnow()
+        self._dispatcher = Dispatcher(
+            bus, settings, self.options.defaults, force=self.options.force,
+            on_published=lambda task_id: tracker.expect(task_id, since),
+            on_already_seen=tracker.expect_existing,
+            on_rejected=self.rejections.append,
+        )
+        async with self._dispatcher as dispatcher:
+            if self._stop.is_set():
+                dispatcher.stop()
+            dispatching = asyncio.create_task(dispatcher.dispatch(self.options.source))
+            while not dispatching.done():
+                await asyncio.wait({dispatching}, timeout=0.5)
+                self._report(tracker, dispatcher.summary(), 0.0)
+            return dispatching.result()
+
+    async def _wait(self, tracker: Tracker, summary: DispatchSummary, started: float) -> None:
+        while not tracker.done and not self._stop.is_set():
+            await tracker.changed(timeout=0.5)
+            self._report(tracker, summary, time.monotonic() - started)
+        self._report(tracker, summary, time.monotonic() - started)
+
+    def _report(self, tracker: Tracker, summary: DispatchSummary | None, elapsed: float) -> None:
+        if self.progress is not None:
+            self.progress(tracker.counts(), summary, elapsed)

@@ -1,0 +1,127 @@
+"""Local worker and ingester processes for ``busscrape run``: started, watched, stopped.
+
+Each daemon is ``python -m busscrape worker|ingester`` in its own process (one Chromium per
+worker process; both cores busy), configured through the environment with exactly the
+settings of the run, logging JSON lines to ``<state_dir>/logs/<name>.log``. A daemon that
+dies unexpectedly is started again (its in-flight tasks come back to the queue after
+ack_wait). ``stop()`` sends SIGTERM (they drain: in-flight tasks finish or go back to the
+queue), then SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from busscrape.settings import Settings, settings_env
+
+log = structlog.get_logger("busscrape.daemons")
+
+MAX_RESTARTS = 5
+
+
+@dataclass
+class Daemon:
+    name: str
+    args: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    log_path: Path = field(default_factory=Path)
+
+
+class Daemons:
+    """A small supervisor. Async context manager: ``async with Daemons(settings, workers=2) as d``."""
+
+    def __init__(self, settings: Settings, *, workers: int, ingesters: int = 1) -> None:
+        self.settings = settings
+        self.log_dir = settings.state_dir / "logs"
+        # Children must not fight over one health port, and log machine-readable lines.
+        telemetry = settings.telemetry.model_copy(update={"http_port": None, "log_format": "json"})
+        self.env = settings_env(settings.model_copy(update={"telemetry": telemetry}))
+        self.daemons = [Daemon(f"worker-{i + 1}", ["worker"]) for i in range(workers)]
+        self.daemons += [Daemon(f"ingester-{i + 1}", ["ingester"]) for i in range(ingesters)]
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def __aenter__(self) -> Daemons:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for daemon in self.daemons:
+            self._start(daemon)
+        self._watch = asyncio.create_task(self._supervise())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _start(self, daemon: Daemon) -> None:
+        daemon.log_path = self.log_dir / f"{daemon.name}.log"
+        env = {**self.env, "BUSSCRAPE_WORKER__NAME": daemon.name, "BUSSCRAPE_INGESTER__NAME": daemon.name}
+        with open(daemon.log_path, "ab") as out:
+            daemon.process = subprocess.Popen([sys.executable, "-m", "busscrape", *daemon.args], env=env,
+                                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True)
+        log.info("daemon.started", daemon=daemon.name, pid=daemon.process.pid, log=str(daemon.log_path))
+
+    async def _supervise(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(1)
+            for daemon in self.daemons:
+                proc = daemon.process
+                if self._stopping or proc is None or proc.poll() is None:
+                    continue
+                if proc.returncode in (2, 3):
+                    # Configuration errors repeat on restart: say so once and leave it down.
+                    log.error("daemon.exited", daemon=daemon.name, code=proc.returncode, log=str(daemon.log_path))
+                    daemon.process = None
+                    continue
+                if daemon.restarts >= MAX_RESTARTS:
+                    log.error("daemon.gave_up", daemon=daemon.name, restarts=daemon.restarts)
+                    daemon.process = None
+                    continue
+                daemon.restarts += 1
+                log.warning("daemon.restarting", daemon=daemon.name, code=proc.returncode, restarts=daemon.restarts)
+                self._start(daemon)
+
+    def failed(self) -> list[str]:
+        """Daemons that are down for good (with the log to read)."""
+        return [f"{d.name} (see {d.log_path})" for d in self.daemons if d.process is None]
+
+    async def stop(self, grace: float | None = None) -> None:
+        """SIGTERM every daemon and let them drain for ``grace``; a second SIGTERM then hands
+        their in-flight work back at once; SIGKILL what is still there after that."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        running = [d.process for d in self.daemons if d.process and d.process.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
+        grace = grace if grace is not None else self.settings.worker.grace_period
+        await _wait_all(running, grace)
+        for proc in running:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        await _wait_all(running, 15)
+        for proc in running:
+            if proc.poll() is None:
+                proc.kill()
+        await _wait_all(running, 10)
+        log.info("daemons.stopped", count=len(running))
+
+
+async def _wait_all(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    for proc in procs:
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.05)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(proc.wait, remaining)

@@ -1,0 +1,195 @@
+"""The full-text index of archived pages: one interface, two backends, chosen by a setting.
+
+::
+
+    SearchIndex ................ async context manager: add pages, search them
+    ├── SqliteIndex              (search_sqlite) FTS5 in one local file: bm25 ranking, snippet();
+    │                            the embedded default, BUSSCRAPE_SEARCH__BACKEND=sqlite
+    └── PostgresIndex            (search_postgres) tsvector + GIN: ts_rank_cd ranking, ts_headline();
+                                 production, several ingesters, BUSSCRAPE_SEARCH__BACKEND=postgres
+
+A row is one archived page (``IndexedPage``), keyed by its archive folder: a redelivered result
+rewrites its own row, a recrawl on another day adds a row of its own (the archive keeps both
+too). Queries use the backend's own language, always bound as a parameter: FTS5's MATCH syntax
+(``word``, ``"a phrase"``, ``a OR b``, ``NOT``, ``pre*``, ``title:word``) or PostgreSQL's
+``websearch_to_tsquery`` (``word``, ``"a phrase"``, ``a or b``, ``-word``).
+
+Errors, and what happens with them:
+
+- ``InvalidQuery`` — the query is empty, too long, holds control characters or does not parse:
+  ``busscrape search`` exits 2 with the reason, the API answers 400.
+- ``SearchUnavailable`` — the index did not answer: the API answers 503; the ingester's feed
+  logs and counts it, and the page stays archived (an index never fails archiving).
+- ``ConfigurationError`` — the index cannot be opened as configured (no driver, bad DSN,
+  unwritable file): the command exits 2 with the fix.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from busscrape.errors import ConfigurationError, InputError, RetryableError
+from busscrape.units import parse_duration
+
+if TYPE_CHECKING:
+    from busscrape.settings import Settings
+
+MAX_QUERY_CHARS = 1000
+MARK_START, MARK_END = "⟦", "⟧"
+"""Around each matched term in a snippet: plain characters that page text almost never holds,
+safe to show on a terminal and safe in JSON (unlike ``<b>``, which a client might render as HTML)."""
+SNIPPET_WORDS = 24
+
+
+class InvalidQuery(InputError):
+    """A search query that cannot run: CLI exit 2, API 400. ``message`` says why."""
+
+    reason = "invalid_query"
+
+
+class SearchUnavailable(RetryableError):
+    """The index did not answer in time or refused: API 503; the ingester's feed counts it and goes on."""
+
+    reason = "search_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedPage:
+    """What the index keeps of one archived page."""
+
+    archive_key: str
+    """The page's archive folder (``dt=…/host=…/<task_id>``): the row's identity."""
+    task_id: str
+    url: str
+    host: str
+    title: str
+    text: str
+    """The page's visible text (the ``text`` artifact), cut at ``search.max_text_bytes``."""
+    scraped_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """A validated query: build it with ``SearchQuery.parse``."""
+
+    text: str
+    host: str | None = None
+    since: datetime | None = None
+    limit: int = 10
+
+    @classmethod
+    def parse(cls, text: str, *, host: str | None = None, since: datetime | None = None, limit: int = 10,
+              max_limit: int = 100) -> SearchQuery:
+        """Check what no backend would accept, so both refuse it alike (``InvalidQuery``)."""
+        # Length and characters are checked as given, before stripping: what the API document promises.
+        if len(text) > MAX_QUERY_CHARS:
+            raise InvalidQuery(f"the query is longer than {MAX_QUERY_CHARS} characters")
+        if any(unicodedata.category(c) == "Cc" for c in text):
+            raise InvalidQuery("the query holds control characters")
+        stripped = text.strip()
+        if not stripped:
+            raise InvalidQuery("the query is empty")
+        if not 1 <= limit <= max_limit:
+            raise InvalidQuery(f"limit must be between 1 and {max_limit}, not {limit}")
+        if since is not None and since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
+        return cls(stripped, host.strip().lower() if host and host.strip() else None, since, limit)
+
+
+class SearchHit(BaseModel):
+    """One ranked result."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    url: str
+    host: str
+    title: str
+    scraped_at: datetime
+    archive_key: str
+    snippet: str
+    """Text around the best matches, each matched term between ``⟦`` and ``⟧``."""
+    score: float
+    """Higher is better (bm25 negated / ts_rank_cd); comparable within one result list only."""
+
+
+class SearchIndex(ABC):
+    """An index of archived pages. ``async with index: await index.search(...)``."""
+
+    backend: str
+    where: str
+    """What it points at, for logs and messages (a file path, a DSN without its password)."""
+
+    def __init__(self) -> None:
+        self._entered = False
+
+    async def __aenter__(self) -> SearchIndex:
+        if self._entered:
+            raise RuntimeError(f"a {type(self).__name__} can be entered only once")
+        self._entered = True
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect and create the tables when missing (``ConfigurationError`` when it cannot)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release the connection(s)."""
+
+    @abstractmethod
+    async def add(self, pages: list[IndexedPage]) -> None:
+        """Insert or replace pages (by archive key) in one transaction (``SearchUnavailable``)."""
+
+    @abstractmethod
+    async def search(self, query: SearchQuery) -> list[SearchHit]:
+        """The best matches first (``InvalidQuery``, ``SearchUnavailable``)."""
+
+    @abstractmethod
+    async def count(self) -> int:
+        """How many pages the index holds."""
+
+
+def open_index(settings: Settings) -> SearchIndex:
+    """The configured index, not yet entered. ``ConfigurationError`` when search is off or misconfigured."""
+    cfg = settings.search
+    if cfg.backend == "sqlite":
+        from busscrape.search.sqlite import SqliteIndex
+
+        return SqliteIndex(settings.search_path(), timeout=cfg.timeout)
+    if cfg.backend == "postgres":
+        if cfg.postgres_dsn is None:
+            raise ConfigurationError("BUSSCRAPE_SEARCH__BACKEND=postgres needs BUSSCRAPE_SEARCH__POSTGRES_DSN "
+                                     "(postgresql://user:password@host:5432/db)")
+        from busscrape.search.postgres import PostgresIndex
+
+        return PostgresIndex(cfg.postgres_dsn.get_secret_value(), config=cfg.postgres_config, timeout=cfg.timeout)
+    raise ConfigurationError("search is off (BUSSCRAPE_SEARCH__BACKEND=off); set it to sqlite or postgres, and "
+                             "let the ingester index what it archives")
+
+
+def utc(moment: datetime) -> datetime:
+    """``moment`` in UTC (a naive time is taken as UTC)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """``2025-06-30``, ``2025-06-30T12:00:00Z`` or an age (``7d``, ``36h``) as a UTC time."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return (now or datetime.now(UTC)) - timedelta(seconds=parse_duration(text))
+        except (ValueError, OverflowError):
+            raise InvalidQuery(f"since: {text!r} is neither a date, a time (ISO 8601) nor an age (7d)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -1,0 +1,173 @@
+"""The production search index: PostgreSQL full-text search (tsvector + GIN), through asyncpg.
+
+One table, ``busscrape_pages``, keyed by archive folder. Its ``document`` column is computed at
+write time: the title (weight A), the text (B) and the URL (C) under the configured text-search
+configuration (``BUSSCRAPE_SEARCH__POSTGRES_CONFIG``, ``simple`` by default: no stemming, so any
+language indexes alike). A GIN index serves ``@@``; results are ranked by ``ts_rank_cd`` (cover
+density, which rewards matched terms that stand close together) and shown with ``ts_headline``.
+Queries go through ``websearch_to_tsquery``, which accepts what people type into a search box and
+never fails to parse; everything is a bound parameter, the configuration name included.
+
+Several ingesters share the table: the tables are created under an advisory lock, so two
+processes starting at once do not race on ``CREATE TABLE IF NOT EXISTS``.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Any
+
+from busscrape.errors import AuthenticationFailed, ConfigurationError
+from busscrape.search.index import (
+    MARK_END,
+    MARK_START,
+    SNIPPET_WORDS,
+    IndexedPage,
+    InvalidQuery,
+    SearchHit,
+    SearchIndex,
+    SearchQuery,
+    SearchUnavailable,
+    utc,
+)
+
+TABLE = "busscrape_pages"
+SCHEMA_LOCK = zlib.crc32(b"busscrape.search.schema")  # the advisory lock that serialises schema creation
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    archive_key text PRIMARY KEY,
+    task_id text NOT NULL,
+    url text NOT NULL,
+    host text NOT NULL,
+    title text NOT NULL,
+    body text NOT NULL,
+    scraped_at timestamptz NOT NULL,
+    indexed_at timestamptz NOT NULL DEFAULT now(),
+    document tsvector NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {TABLE}_document ON {TABLE} USING gin (document);
+CREATE INDEX IF NOT EXISTS {TABLE}_host ON {TABLE} (host, scraped_at);
+CREATE INDEX IF NOT EXISTS {TABLE}_task ON {TABLE} (task_id);
+"""
+
+DOCUMENT = ("setweight(to_tsvector($1::regconfig, $6), 'A') || setweight(to_tsvector($1::regconfig, $7), 'B') "
+            "|| setweight(to_tsvector('simple', $4), 'C')")
+UPSERT = f"""
+INSERT INTO {TABLE} (archive_key, task_id, url, host, title, body, scraped_at, document)
+VALUES ($2, $3, $4, $5, $6, $7, $8, {DOCUMENT})
+ON CONFLICT (archive_key) DO UPDATE SET
+    task_id = excluded.task_id, url = excluded.url, host = excluded.host, title = excluded.title,
+    body = excluded.body, scraped_at = excluded.scraped_at, document = excluded.document, indexed_at = now()
+"""
+
+SEARCH = f"""
+WITH q AS (SELECT websearch_to_tsquery($1::regconfig, $2) AS query)
+SELECT p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key,
+       ts_headline($1::regconfig, p.body, q.query, $3) AS snippet,
+       ts_rank_cd(p.document, q.query) AS score
+FROM {TABLE} p, q
+WHERE p.document @@ q.query
+  AND ($4::text IS NULL OR p.host = $4)
+  AND ($5::timestamptz IS NULL OR p.scraped_at >= $5)
+ORDER BY score DESC, p.scraped_at DESC
+LIMIT $6
+"""
+HEADLINE = (f'StartSel="{MARK_START}", StopSel="{MARK_END}", MaxWords={SNIPPET_WORDS}, MinWords=8, '
+            'MaxFragments=2, FragmentDelimiter=" … "')
+
+
+def masked(dsn: str) -> str:
+    """The DSN with its password replaced, for messages and logs."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", re.sub(r"(password=)\S+", r"\1***", dsn))
+
+
+class PostgresIndex(SearchIndex):
+    """``busscrape_pages`` in the database ``dsn`` names (created when missing)."""
+
+    backend = "postgres"
+
+    def __init__(self, dsn: str, *, config: str = "simple", timeout: float = 10.0, pool_size: int = 4) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.where = masked(dsn)
+        self.config = config
+        self.timeout = timeout
+        self.pool_size = pool_size
+        self._pool: Any = None
+
+    async def open(self) -> None:
+        try:
+            import asyncpg
+        except ImportError:
+            raise ConfigurationError("the postgres search backend needs asyncpg: pip install 'busscrape[postgres]'") \
+                from None
+        try:
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size,
+                                                   command_timeout=self.timeout, timeout=self.timeout)
+            async with self._pool.acquire() as db, db.transaction():
+                await db.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+                await db.execute(SCHEMA)
+                await db.execute("SELECT $1::regconfig", self.config)
+        except asyncpg.InvalidAuthorizationSpecificationError as exc:
+            await self.close()
+            raise AuthenticationFailed(f"PostgreSQL at {self.where} refused the credentials ({exc}); "
+                                       "check BUSSCRAPE_SEARCH__POSTGRES_DSN") from None
+        except asyncpg.UndefinedObjectError as exc:
+            await self.close()
+            raise ConfigurationError(f"PostgreSQL at {self.where}: {exc}; set BUSSCRAPE_SEARCH__POSTGRES_CONFIG to "
+                                     "one of `SELECT cfgname FROM pg_ts_config` (simple, english …)") from None
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await self.close()
+            raise ConfigurationError(f"cannot use PostgreSQL at {self.where} for search ({type(exc).__name__}: "
+                                     f"{exc}); check BUSSCRAPE_SEARCH__POSTGRES_DSN, or set "
+                                     "BUSSCRAPE_SEARCH__BACKEND=sqlite") from None
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await pool.close()
+            except (OSError, TimeoutError):
+                pool.terminate()
+
+    async def add(self, pages: list[IndexedPage]) -> None:
+        if not pages:
+            return
+        rows = [(self.config, p.archive_key, p.task_id, p.url, p.host, _clean(p.title), _clean(p.text),
+                 utc(p.scraped_at)) for p in pages]
+        await self._run("executemany", UPSERT, rows, write=True)
+
+    async def search(self, query: SearchQuery) -> list[SearchHit]:
+        rows = await self._run("fetch", SEARCH, self.config, query.text, HEADLINE, query.host, query.since,
+                               query.limit)
+        return [SearchHit(task_id=r["task_id"], url=r["url"], host=r["host"], title=r["title"],
+                          scraped_at=r["scraped_at"], archive_key=r["archive_key"], snippet=r["snippet"] or "",
+                          score=float(r["score"])) for r in rows]
+
+    async def count(self) -> int:
+        return int(await self._run("fetchval", f"SELECT count(*) FROM {TABLE}"))
+
+    async def _run(self, method: str, *args: Any, write: bool = False) -> Any:
+        import asyncpg
+
+        if self._pool is None:
+            raise SearchUnavailable(f"the search index at {self.where} is not open")
+        try:
+            async with self._pool.acquire(timeout=self.timeout) as db:
+                if not write:
+                    return await getattr(db, method)(*args)
+                async with db.transaction():
+                    return await getattr(db, method)(*args)
+        except asyncpg.DataError as exc:
+            if write:
+                raise SearchUnavailable(f"PostgreSQL at {self.where} refused a page: {exc}") from None
+            # What a query holds that PostgreSQL cannot take (an encoding, a parameter value).
+            raise InvalidQuery(f"invalid query: {exc}") from None
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise SearchUnavailable(f"PostgreSQL at {self.where} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _clean(text: str) -> str:
+    """PostgreSQL text cannot hold NUL; pages occasionally do."""
+    return text.replace("\x00", "") if "\x00" in text else text

@@ -1,0 +1,221 @@
+"""The embedded search index: SQLite FTS5 in one local file (``<state_dir>/search.sqlite3``).
+
+Pages live in a plain table; an external-content FTS5 table indexes their title, text and URL,
+kept in step by triggers, so a row is stored once and ``snippet()`` reads it from the table.
+Ranking is ``bm25`` with the title weighted above the text and the URL below it.
+
+sqlite3 blocks, so every call runs on one thread of the index's own (one connection, used
+from that thread only, calls in order); the event loop never waits on the disk. The file is
+in WAL mode, so ``busscrape search`` and the API read while an ingester writes, and a second
+ingester on the same machine waits its turn (``busy_timeout``) instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from busscrape.errors import ConfigurationError
+from busscrape.search.index import (
+    MARK_END,
+    MARK_START,
+    SNIPPET_WORDS,
+    IndexedPage,
+    InvalidQuery,
+    SearchHit,
+    SearchIndex,
+    SearchQuery,
+    SearchUnavailable,
+    utc,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS pages (
+    id INTEGER PRIMARY KEY,
+    archive_key TEXT NOT NULL UNIQUE,
+    task_id TEXT NOT NULL,
+    url TEXT NOT NULL,
+    host TEXT NOT NULL,
+    title TEXT NOT NULL,
+    body TEXT NOT NULL,
+    scraped_at TEXT NOT NULL,
+    indexed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX IF NOT EXISTS pages_host ON pages(host, scraped_at);
+CREATE INDEX IF NOT EXISTS pages_task ON pages(task_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS pages_fts USING fts5(
+    title, body, url, content='pages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS pages_ai AFTER INSERT ON pages BEGIN
+    INSERT INTO pages_fts(rowid, title, body, url) VALUES (new.id, new.title, new.body, new.url);
+END;
+CREATE TRIGGER IF NOT EXISTS pages_ad AFTER DELETE ON pages BEGIN
+    INSERT INTO pages_fts(pages_fts, rowid, title, body, url) VALUES ('delete', old.id, old.title, old.body, old.url);
+END;
+CREATE TRIGGER IF NOT EXISTS pages_au AFTER UPDATE ON pages BEGIN
+    INSERT INTO pages_fts(pages_fts, rowid, title, body, url) VALUES ('delete', old.id, old.title, old.body, old.url);
+    INSERT INTO pages_fts(rowid, title, body, url) VALUES (new.id, new.title, new.body, new.url);
+END;
+"""
+
+UPSERT = """
+INSERT INTO pages (archive_key, task_id, url, host, title, body, scraped_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (archive_key) DO UPDATE SET
+    task_id = excluded.task_id, url = excluded.url, host = excluded.host, title = excluded.title,
+    body = excluded.body, scraped_at = excluded.scraped_at,
+    indexed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+"""
+
+# Weights of bm25 per FTS column (title, body, url). bm25 is lower-is-better; the hit's score is negated.
+SEARCH = f"""
+SELECT p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key,
+       snippet(pages_fts, -1, ?, ?, '…', {SNIPPET_WORDS}) AS snippet,
+       bm25(pages_fts, 5.0, 1.0, 2.0) AS rank
+FROM pages_fts JOIN pages p ON p.id = pages_fts.rowid
+WHERE pages_fts MATCH ?
+  AND (? IS NULL OR p.host = ?)
+  AND (? IS NULL OR p.scraped_at >= ?)
+ORDER BY rank, p.scraped_at DESC
+LIMIT ?
+"""
+
+SYNTAX = 'FTS5 syntax: words, "a phrase", a OR b, a NOT b, pre*, title:/body:/url:word'
+# What SQLite says when the MATCH expression itself is wrong (as opposed to the file or the disk).
+_QUERY_ERRORS = ("fts5:", "no such column", "unterminated string", "unknown special query", "syntax error")
+
+
+def _timestamp(moment: datetime) -> str:
+    """A sortable UTC text form: every stored time has the same shape, so text order is time order."""
+    return utc(moment).isoformat(timespec="microseconds")
+
+
+class SqliteIndex(SearchIndex):
+    """FTS5 in ``path``; the folder is created when missing."""
+
+    backend = "sqlite"
+
+    def __init__(self, path: Path, *, timeout: float = 10.0) -> None:
+        super().__init__()
+        self.path = Path(path).expanduser()
+        self.where = str(self.path)
+        self.timeout = timeout
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-sqlite")
+        self._db: sqlite3.Connection | None = None
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self._thread, fn, *args), self.timeout)
+        except TimeoutError:
+            raise SearchUnavailable(f"the search index {self.path} did not answer within {self.timeout:g}s") from None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        try:
+            await self._call(self._open)
+        except (sqlite3.Error, OSError) as exc:
+            raise ConfigurationError(
+                f"cannot open the search index {self.path} ({exc}); fix the folder's permissions, point "
+                "BUSSCRAPE_SEARCH__SQLITE_PATH elsewhere, or set BUSSCRAPE_SEARCH__BACKEND=off") from None
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            # A power cut may cost the last commits, never the file: the archive is the record, and
+            # `busscrape search --reindex` rebuilds the index from it.
+            db.execute("PRAGMA synchronous=NORMAL")
+            if db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                # One script, one transaction: a second process opening the file at the same moment
+                # waits for it, then finds every IF NOT EXISTS satisfied.
+                try:
+                    db.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+                except sqlite3.Error as exc:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    if "fts5" in str(exc):
+                        raise ConfigurationError(f"this Python's SQLite ({sqlite3.sqlite_version}) has no FTS5; "
+                                                 "use BUSSCRAPE_SEARCH__BACKEND=postgres") from None
+                    raise
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            db, self._db = self._db, None
+            await asyncio.get_running_loop().run_in_executor(self._thread, db.close)
+        self._thread.shutdown(wait=False)
+
+    # -- writes and reads ---------------------------------------------------------------------
+
+    async def add(self, pages: list[IndexedPage]) -> None:
+        if pages:
+            await self._guarded(self._add, pages)
+
+    def _add(self, pages: list[IndexedPage]) -> None:
+        db = self._connection()
+        rows = [(p.archive_key, p.task_id, p.url, p.host, p.title, p.text, _timestamp(p.scraped_at)) for p in pages]
+        with _transaction(db):
+            db.executemany(UPSERT, rows)
+
+    async def search(self, query: SearchQuery) -> list[SearchHit]:
+        since = _timestamp(query.since) if query.since else None
+        params = (MARK_START, MARK_END, query.text, query.host, query.host, since, since, query.limit)
+        rows = await self._guarded(self._search, params)
+        return [SearchHit(task_id=r[0], url=r[1], host=r[2], title=r[3], scraped_at=datetime.fromisoformat(r[4]),
+                          archive_key=r[5], snippet=r[6] or "", score=-r[7]) for r in rows]
+
+    def _search(self, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        try:
+            return self._connection().execute(SEARCH, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            message = str(exc)
+            if any(marker in message for marker in _QUERY_ERRORS):
+                raise InvalidQuery(f"invalid query: {message.removeprefix('fts5: ')} ({SYNTAX})") from None
+            raise
+
+    async def count(self) -> int:
+        return await self._guarded(lambda: self._connection().execute("SELECT count(*) FROM pages").fetchone()[0])
+
+    async def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await self._call(fn, *args)
+        except (sqlite3.Error, OSError) as exc:
+            raise SearchUnavailable(f"the search index {self.path} failed: {exc}") from None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise sqlite3.ProgrammingError("the index is not open (use `async with`)")
+        return self._db
+
+
+class _transaction:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` (``ROLLBACK`` on error) on an autocommit connection.
+
+    IMMEDIATE takes the write lock at once, so two writers queue on ``busy_timeout`` rather than
+    one failing with "database is locked" when it tries to upgrade a read lock.
+    """
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if not self.db.in_transaction:
+            return
+        self.db.execute("ROLLBACK" if kind is not None else "COMMIT")

@@ -1,0 +1,2 @@
+"""Logs, metrics, traces and the daemons' health endpoints.
+"""

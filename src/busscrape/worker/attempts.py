@@ -1,0 +1,62 @@
+"""Attempt history per queued task, in the ATTEMPTS bucket.
+
+A nak carries no data and the next delivery may run on another host, so each failed attempt
+is written here (key ``<task_id>.<task_seq>``) and the delivery that finally gives up puts the
+whole history into the dead letter. A task that succeeds after failures clears its entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import nats.errors
+import nats.js.errors
+import orjson
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+from pydantic import TypeAdapter
+
+from busscrape.bus.names import ATTEMPTS_BUCKET
+from busscrape.model.messages import AttemptRecord
+
+_HISTORY = TypeAdapter(tuple[AttemptRecord, ...])
+
+
+def attempts_key(task_id: str, task_seq: int) -> str:
+    return f"{task_id}.{task_seq}"
+
+
+class AttemptLog:
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+        self._kv: KeyValue | None = None
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await self._js.key_value(ATTEMPTS_BUCKET)
+        return self._kv
+
+    async def history(self, task_id: str, task_seq: int) -> tuple[AttemptRecord, ...]:
+        """Earlier failed attempts (empty when none, or when the bucket cannot be read)."""
+        try:
+            entry = await (await self._bucket()).get(attempts_key(task_id, task_seq))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return ()
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+            return ()
+        try:
+            return _HISTORY.validate_json(entry.value or b"[]")
+        except ValueError:
+            return ()
+
+    async def record(self, task_id: str, task_seq: int, attempt: AttemptRecord) -> tuple[AttemptRecord, ...]:
+        """Append ``attempt`` and return the whole history (best effort: history is advisory)."""
+        history = (*[a for a in await self.history(task_id, task_seq) if a.attempt != attempt.attempt], attempt)
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+            payload = orjson.dumps([a.model_dump(mode="json") for a in history])
+            await (await self._bucket()).put(attempts_key(task_id, task_seq), payload)
+        return history
+
+    async def clear(self, task_id: str, task_seq: int) -> None:
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+            await (await self._bucket()).purge(attempts_key(task_id, task_seq))

@@ -1,0 +1,280 @@
+"""One Chromium per worker process: launched once, relaunched after a crash, recycled when old.
+
+``BrowserPool`` hands out isolated browser contexts (``async with pool.context(...) as ctx``).
+All traffic goes through the worker's egress proxy. The pool watches the browser:
+
+- disconnected (crashed, killed): in-flight contexts fail (their tasks are retried) and the
+  next ``context()`` relaunches it;
+- old: after ``recycle_after_tasks`` contexts, or when Chromium's processes use more than
+  ``recycle_rss``, the pool stops handing out contexts, lets the open ones finish, relaunches;
+- on exit (and on relaunch) every Chromium process it started is gone: it closes the browser
+  and then kills whatever is left of its process tree, so no zombies stay behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+from playwright.async_api import Browser, Playwright, async_playwright
+from playwright.async_api import Error as PlaywrightError
+
+from busscrape.errors import BrowserCrashed
+from busscrape.settings import BrowserSettings
+from busscrape.worker.browser.chromium import launch_args, require_chromium
+from busscrape.worker.browser.tabs import Tab
+
+log = structlog.get_logger("busscrape.browser")
+
+# V8 heap per tab: a page that allocates without end crashes its own tab quickly instead of
+# eating the host's memory first.
+JS_HEAP_MB = 1024
+
+
+class BrowserPool:
+    """Launches and supervises the worker's Chromium. Async context manager; enter once."""
+
+    def __init__(self, settings: BrowserSettings, *, proxy_url: str | None, recycle_after_tasks: int,
+                 recycle_rss: int, isolation: str = "tab", tab_max_uses: int = 100,
+                 tab_wipe_delay: float = 0.0) -> None:
+        self.settings = settings
+        self.proxy_url = proxy_url
+        self.recycle_after_tasks = recycle_after_tasks
+        self.recycle_rss = recycle_rss
+        self.binary = require_chromium(settings)
+        self.restarts = 0
+        self.version = ""
+        self._marker = f"--busscrape-pool={uuid.uuid4().hex}"
+        self._pw: Playwright | None = None
+        self._browser: Browser | None = None
+        self._tasks_since_launch = 0
+        self._open = 0
+        self._idle = asyncio.Condition()
+        self._launch_lock = asyncio.Lock()
+        self._recycling = False
+        self._entered = False
+        self.isolation = isolation
+        self.tab_max_uses = tab_max_uses
+        self._tabs: dict[str | None, list[Tab]] = {}
+        self.tab_wipe_delay = tab_wipe_delay
+        self._wiping: set[asyncio.Task[None]] = set()
+        self._wanted = asyncio.Event()  # set while a task waits for a tab: deferred wipes start now
+        self._waiting = 0
+
+    async def __aenter__(self) -> BrowserPool:
+        if self._entered:
+            raise RuntimeError("a BrowserPool can be entered only once")
+        self._entered = True
+        self._pw = await async_playwright().start()
+        await self._launch()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close_browser()
+        if self._pw is not None:
+            with contextlib.suppress(Exception):
+                await self._pw.stop()
+        self._kill_leftovers()
+
+    @property
+    def up(self) -> bool:
+        return self._browser is not None and self._browser.is_connected()
+
+    # -- launching --------------------------------------------------------------------------
+
+    async def _launch(self) -> None:
+        assert self._pw is not None
+        args = launch_args(self.settings, (self._marker, f"--js-flags=--max-old-space-size={JS_HEAP_MB}"))
+        proxy: Any = {"server": self.proxy_url, "bypass": "<-loopback>"} if self.proxy_url else None
+        self._browser = await self._pw.chromium.launch(
+            executable_path=self.binary.path, headless=self.settings.headless, args=args, proxy=proxy,
+            handle_sigint=False, handle_sigterm=False, handle_sighup=False,
+        )
+        self.version = self._browser.version
+        self._tasks_since_launch = 0
+        browser = self._browser
+        browser.on("disconnected", lambda _: None if browser is not self._browser else log.warning(
+            "browser.disconnected", restarts=self.restarts))
+        log.info("browser.launched", version=self.version, source=self.binary.source, restarts=self.restarts,
+                 pool=self._marker.split("=", 1)[1])
+
+    async def _close_browser(self) -> None:
+        for wipe in list(self._wiping):
+            wipe.cancel()
+        await asyncio.gather(*self._wiping, return_exceptions=True)
+        tabs = [t for ts in self._tabs.values() for t in ts]
+        self._tabs.clear()
+        for tab in tabs:
+            await tab.close()
+        browser, self._browser = self._browser, None
+        if browser is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(browser.close(), 15)
+        self._kill_leftovers()
+
+    async def _ensure(self) -> Browser:
+        async with self._launch_lock:
+            if self._recycling or not self.up:
+                crashed = not self._recycling and self._browser is not None
+                await self._wait_idle()
+                await self._close_browser()
+                self.restarts += 1
+                if crashed:
+                    log.warning("browser.relaunch_after_crash", restarts=self.restarts)
+                await self._launch()
+                self._recycling = False
+            assert self._browser is not None
+            return self._browser
+
+    async def _wait_idle(self) -> None:
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._open == 0)
+
+    # -- contexts ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def tab(self, *, user_agent: str | None = None) -> AsyncIterator[Tab]:
+        """An isolated tab for one task: a wiped, reused one (``isolation="tab"``) or a fresh
+        context (``isolation="context"``). Nothing one task leaves is visible to the next."""
+        browser = await self._ensure()
+        tab = await self._idle_tab(user_agent)
+        if tab is None:
+            try:
+                tab = await Tab.open(browser, user_agent=user_agent, generation=self.restarts)
+            except PlaywrightError as exc:
+                raise BrowserCrashed(f"cannot open a browser context: {exc.message}") from None
+        self._open += 1
+        self._tasks_since_launch += 1
+        try:
+            yield tab
+        finally:
+            self._check_age()  # now, not after the wipe: the next task must see a recycle due
+            if self._reusable(tab):
+                # Wipe after the task has left: its result need not wait for the clean-up. With
+                # another tab ready, later still, so that it does not slow the result down either.
+                defer = self.tab_wipe_delay if self._tabs.get(tab.user_agent) else 0.0
+                wipe = asyncio.create_task(self._wipe(tab, defer))
+                self._wiping.add(wipe)
+                wipe.add_done_callback(self._wiping.discard)
+            else:
+                await self._retire(tab)
+
+    async def prewarm(self, count: int) -> None:
+        """Open ``count`` tabs ahead of the first tasks (a new tab costs a renderer start)."""
+        if self.isolation != "tab":
+            return
+        browser = await self._ensure()
+        opened = await asyncio.gather(*(Tab.open(browser, user_agent=None, generation=self.restarts)
+                                        for _ in range(count)), return_exceptions=True)
+        self._tabs.setdefault(None, []).extend(t for t in opened if isinstance(t, Tab))
+
+    async def _idle_tab(self, user_agent: str | None) -> Tab | None:
+        while True:
+            tabs = self._tabs.get(user_agent, [])
+            while tabs:
+                tab = tabs.pop()
+                if tab.generation == self.restarts and self.up:
+                    return tab
+                await tab.close()
+            if not self._wiping:
+                return None
+            # A tab is being wiped: waiting for it beats opening a new one (~4x the cost).
+            self._waiting += 1
+            self._wanted.set()
+            try:
+                await asyncio.wait(set(self._wiping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._wanted.clear()
+
+    def _reusable(self, tab: Tab) -> bool:
+        return (self.isolation == "tab" and not tab.broken and tab.uses < self.tab_max_uses
+                and tab.generation == self.restarts and self.up and not self._recycling)
+
+    async def _wipe(self, tab: Tab, defer: float = 0.0) -> None:
+        try:
+            if defer > 0:
+                await tab.pause()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(defer):
+                        await self._wanted.wait()
+            await tab.wipe()
+        except Exception as exc:
+            log.warning("tab.discarded", error=str(exc)[:200])
+            await self._retire(tab)
+            return
+        if self._reusable(tab):
+            self._tabs.setdefault(tab.user_agent, []).append(tab)
+            await self._done(tab)
+        else:
+            await self._retire(tab)
+
+    async def _retire(self, tab: Tab) -> None:
+        await tab.close()
+        await self._done(tab)
+
+    async def _done(self, tab: Tab) -> None:
+        """A task's tab is back (idle or closed): count it, and maybe recycle the browser."""
+        self._open -= 1
+        self._check_age()
+        async with self._idle:
+            self._idle.notify_all()
+
+    def _check_age(self) -> None:
+        if self._recycling:
+            return
+        if self._tasks_since_launch >= self.recycle_after_tasks:
+            self._recycling = True
+            log.info("browser.recycle", reason="tasks", tasks=self._tasks_since_launch)
+        elif self._tasks_since_launch % 25 == 0 and (rss := self.rss()) > self.recycle_rss:
+            self._recycling = True
+            log.info("browser.recycle", reason="memory", rss=rss, limit=self.recycle_rss)
+
+    # -- processes --------------------------------------------------------------------------
+
+    def pids(self) -> list[int]:
+        """Every process of this pool's Chromium: the browser (found by its marker) and descendants."""
+        children: dict[int, list[int]] = {}
+        roots = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+                if self._marker.encode() in (entry / "cmdline").read_bytes():
+                    roots.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        found, stack = [], list(roots)
+        while stack:
+            pid = stack.pop()
+            if pid not in found:
+                found.append(pid)
+                stack.extend(children.get(pid, []))
+        return found
+
+    def rss(self) -> int:
+        """Proportional memory of Chromium's processes in bytes (PSS: shared pages counted once)."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        return total
+
+    def _kill_leftovers(self) -> None:
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,204 @@
+"""A HAR 1.2 recorder built from Playwright's network events, one per task.
+
+Playwright's own HAR recording is per browser context and written when the context closes,
+which ties HAR capture to one context per task. Recording from events instead works the same
+whichever way contexts are managed, lets response bodies be embedded or omitted per task, and
+lets the recorder drop bodies when the HAR would exceed its size limit.
+
+Only synchronous request/response properties are read on the hot path (headers, timing);
+bodies are fetched only when the task asked for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import orjson
+from playwright.async_api import Page, Request, Response
+
+from busscrape import __version__
+
+_TEXTUAL = ("text/", "application/json", "application/javascript", "application/xml", "image/svg+xml",
+            "application/x-javascript", "application/ld+json")
+
+
+def _headers(mapping: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in mapping.items()]
+
+
+def _iso(epoch_ms: float) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _phase(timing: dict[str, float], start: str, end: str) -> float:
+    a, b = timing.get(start, -1), timing.get(end, -1)
+    return round(b - a, 3) if a >= 0 and b >= 0 and b >= a else -1
+
+
+class HarRecorder:
+    """Collects one page's requests; ``build()`` returns the HAR as bytes."""
+
+    def __init__(self, page: Page, *, embed_bodies: bool, max_body_bytes: int = 20 * 1024 * 1024) -> None:
+        self.embed_bodies = embed_bodies
+        self.max_body_bytes = max_body_bytes
+        self._entries: dict[Request, dict[str, Any]] = {}
+        self._order: list[Request] = []
+        self._bodies: list[asyncio.Future[None]] = []
+        self._pending: dict[Request, Response] = {}
+        self._page = page
+        self.page_title = ""
+        self.page_started = datetime.now(UTC)
+        page.on("request", self._on_request)
+        page.on("response", self._on_response)
+        page.on("requestfinished", self._on_finished)
+        page.on("requestfailed", self._on_failed)
+
+    def listeners(self) -> list[tuple[str, Any]]:
+        """The page listeners this recorder added (to remove when the task leaves the tab)."""
+        return [("request", self._on_request), ("response", self._on_response),
+                ("requestfinished", self._on_finished), ("requestfailed", self._on_failed)]
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _on_request(self, request: Request) -> None:
+        url = request.url
+        if url.startswith("data:"):
+            return
+        post = request.post_data_buffer
+        entry: dict[str, Any] = {
+            "pageref": "page_1",
+            "startedDateTime": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            "time": 0,
+            "request": {
+                "method": request.method,
+                "url": url,
+                "httpVersion": "HTTP/1.1",
+                "cookies": [],
+                "headers": _headers(request.headers),
+                "queryString": [{"name": k, "value": v} for k, v in parse_qsl(urlsplit(url).query,
+                                                                                keep_blank_values=True)],
+                "headersSize": -1,
+                "bodySize": len(post) if post else 0,
+            },
+            "response": None,
+            "cache": {},
+            "timings": {"blocked": -1, "dns": -1, "connect": -1, "ssl": -1, "send": 0, "wait": 0, "receive": 0},
+            "_resourceType": request.resource_type,
+        }
+        if post:
+            mime = request.headers.get("content-type", "application/octet-stream")
+            entry["request"]["postData"] = {"mimeType": mime, "text": post.decode("utf-8", "replace")[:65536]}
+        self._entries[request] = entry
+        self._order.append(request)
+
+    def _on_response(self, response: Response) -> None:
+        entry = self._entries.get(response.request)
+        if entry is None:
+            return
+        headers = response.headers
+        size = int(headers.get("content-length", "0") or 0) if headers.get("content-length", "").isdigit() else 0
+        entry["response"] = {
+            "status": response.status,
+            "statusText": response.status_text,
+            "httpVersion": "HTTP/1.1",
+            "cookies": [],
+            "headers": _headers(headers),
+            "content": {"size": size, "mimeType": headers.get("content-type", "")},
+            "redirectURL": headers.get("location", ""),
+            "headersSize": -1,
+            "bodySize": size,
+        }
+        if self.embed_bodies and response.request.method != "HEAD" and not (300 <= response.status < 400):
+            self._pending[response.request] = response
+
+    def _on_finished(self, request: Request) -> None:
+        entry = self._entries.get(request)
+        if entry is None:
+            return
+        self._fill_timing(entry, request)
+        response = self._pending.pop(request, None)
+        if response is not None:
+            self._bodies.append(asyncio.ensure_future(self._embed(entry, response)))
+
+    async def _embed(self, entry: dict[str, Any], response: Response) -> None:
+        try:
+            body = await response.body()
+        except Exception:
+            return
+        content = entry["response"]["content"]
+        content["size"] = entry["response"]["bodySize"] = len(body)
+        if len(body) > self.max_body_bytes:
+            return
+        if content["mimeType"].startswith(_TEXTUAL):
+            content["text"] = body.decode("utf-8", "replace")
+        else:
+            content["text"] = base64.b64encode(body).decode()
+            content["encoding"] = "base64"
+
+    def _on_failed(self, request: Request) -> None:
+        entry = self._entries.get(request)
+        if entry is None:
+            return
+        self._fill_timing(entry, request)
+        entry["_failure"] = request.failure or "failed"
+
+    @staticmethod
+    def _fill_timing(entry: dict[str, Any], request: Request) -> None:
+        t = request.timing
+        start = t.get("startTime", 0)
+        if start > 0:
+            entry["startedDateTime"] = _iso(start)
+        entry["timings"] = {
+            "blocked": -1,
+            "dns": _phase(t, "domainLookupStart", "domainLookupEnd"),
+            "connect": _phase(t, "connectStart", "connectEnd"),
+            "ssl": _phase(t, "secureConnectionStart", "connectEnd"),
+            "send": 0,
+            "wait": _phase(t, "requestStart", "responseStart"),
+            "receive": _phase(t, "responseStart", "responseEnd"),
+        }
+        end = t.get("responseEnd", -1)
+        entry["time"] = round(end, 3) if end >= 0 else 0
+
+    # -- output -----------------------------------------------------------------------------
+
+    async def settle(self, wait: float = 10.0) -> None:
+        """Wait for pending response bookkeeping (bodies) before building."""
+        if self._bodies:
+            await asyncio.wait(self._bodies, timeout=wait)
+
+    def build(self, *, browser_version: str, page_timings: dict[str, float], max_bytes: int) -> tuple[bytes, bool]:
+        """The HAR document and whether bodies had to be dropped to fit ``max_bytes``.
+
+        Raises ``ValueError`` when even without bodies it does not fit.
+        """
+        entries = []
+        for request in self._order:
+            entry = dict(self._entries[request])
+            if entry["response"] is None:
+                entry["response"] = {"status": 0, "statusText": "", "httpVersion": "", "cookies": [], "headers": [],
+                                     "content": {"size": 0, "mimeType": ""}, "redirectURL": "", "headersSize": -1,
+                                     "bodySize": -1}
+            entries.append(entry)
+        doc = {"log": {
+            "version": "1.2",
+            "creator": {"name": "busscrape", "version": __version__},
+            "browser": {"name": "chromium", "version": browser_version},
+            "pages": [{"startedDateTime": self.page_started.isoformat().replace("+00:00", "Z"), "id": "page_1",
+                       "title": self.page_title, "pageTimings": page_timings}],
+            "entries": entries,
+        }}
+        data = orjson.dumps(doc)
+        if len(data) <= max_bytes:
+            return data, False
+        for entry in entries:
+            entry["response"]["content"].pop("text", None)
+            entry["response"]["content"].pop("encoding", None)
+        data = orjson.dumps(doc)
+        if len(data) > max_bytes:
+            raise ValueError(f"HAR of {len(entries)} requests is {len(data)} bytes without bodies, over {max_bytes}")
+        return data, True

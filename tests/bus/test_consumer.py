@@ -1,0 +1,125 @@
+"""The PullService core against a real nats-server: slots, heartbeats, shutdown, bounds."""
+
+import asyncio
+import time
+
+import pytest
+
+from busscrape.bus import names
+from busscrape.bus.consumer import PullService
+from busscrape.errors import StreamsMissing
+
+
+class Recorder(PullService):
+    kind = "recorder"
+    stream = names.TASKS_STREAM
+    durable = names.WORKERS_CONSUMER
+
+    def __init__(self, bus, *, delay=0.0, crash_on=(), **kw):
+        super().__init__(bus, **kw)
+        self.delay = delay
+        self.crash_on = set(crash_on)
+        self.seen: list[bytes] = []
+        self.peak = 0
+        self.active = 0
+
+    async def handle(self, msg):
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            self.seen.append(msg.data)
+            if msg.data in self.crash_on:
+                raise RuntimeError("handler bug")
+            await asyncio.sleep(self.delay)
+            await msg.ack_sync()
+            self.counters["completed"] += 1
+        finally:
+            self.active -= 1
+
+
+async def queue(js, *payloads: bytes) -> None:
+    for i, p in enumerate(payloads):
+        await js.publish(names.task_subject(f"k{i}-{time.monotonic_ns()}"), p)
+
+
+async def pending(js) -> tuple[int, int]:
+    info = await js.consumer_info(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+    return info.num_pending, info.num_ack_pending
+
+
+async def test_works_through_the_queue_within_its_concurrency(applied):
+    await queue(applied.js, *[f"m{i}".encode() for i in range(12)])
+    async with Recorder(applied, concurrency=3, delay=0.1, max_items=12) as svc:
+        counters = await asyncio.wait_for(svc.run(), 30)
+    assert counters["completed"] == 12
+    assert sorted(svc.seen) == sorted(f"m{i}".encode() for i in range(12))
+    assert svc.peak == 3
+    assert await pending(applied.js) == (0, 0)
+
+
+async def test_fetches_only_for_free_slots(applied):
+    await queue(applied.js, *[f"m{i}".encode() for i in range(10)])
+    svc = Recorder(applied, concurrency=2, delay=1.0, max_items=10)
+    async with svc:
+        runner = asyncio.create_task(svc.run())
+        await asyncio.sleep(0.5)
+        num_pending, ack_pending = await pending(applied.js)
+        assert ack_pending == 2 and num_pending == 8  # the rest stays available to other workers
+        svc.stop()
+        svc.stop()
+        await asyncio.wait_for(runner, 20)
+
+
+async def test_a_crashing_handler_naks_and_the_daemon_carries_on(applied):
+    await queue(applied.js, b"bad", b"good")
+    async with Recorder(applied, concurrency=1, crash_on={b"bad"}, exit_when_idle=1.0) as svc:
+        counters = await asyncio.wait_for(svc.run(), 30)
+    assert counters["crashed"] == 1 and counters["completed"] == 1
+    num_pending, ack_pending = await pending(applied.js)
+    assert num_pending + ack_pending == 1  # the crashed one waits for its redelivery, not lost
+
+
+async def test_heartbeats_keep_a_long_message_from_being_redelivered(applied, settings):
+    # ack_wait is 10s in the test settings; shrink it to 1s for this consumer.
+    info = await applied.js.consumer_info(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+    await applied.js.add_consumer(names.TASKS_STREAM, info.config.evolve(ack_wait=1.0, backoff=None))
+    await queue(applied.js, b"slow")
+    async with Recorder(applied, concurrency=2, delay=3.5, max_items=1) as svc:
+        counters = await asyncio.wait_for(svc.run(), 30)
+    assert svc.heartbeat_interval == pytest.approx(1 / 3, abs=0.01)
+    assert svc.seen == [b"slow"]  # not handed to the second slot while the first still worked
+    assert counters["completed"] == 1
+
+
+async def test_graceful_stop_hands_unfinished_work_back_at_once(applied):
+    await queue(applied.js, b"a", b"b")
+    svc = Recorder(applied, concurrency=2, delay=60, grace_period=0.5)
+    async with svc:
+        runner = asyncio.create_task(svc.run())
+        for _ in range(50):
+            if svc.in_flight == 2:
+                break
+            await asyncio.sleep(0.1)
+        started = time.monotonic()
+        svc.stop()
+        counters = await asyncio.wait_for(runner, 20)
+    assert time.monotonic() - started < 5
+    assert counters["released"] == 2
+    # Back in the queue at once (not after ack_wait): another worker fetches both right away.
+    sub = await applied.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
+    again = await sub.fetch(2, timeout=3)
+    assert sorted(m.data for m in again) == [b"a", b"b"]
+    assert all(m.metadata.num_delivered == 2 for m in again)
+
+
+async def test_exit_when_idle(applied):
+    started = time.monotonic()
+    async with Recorder(applied, concurrency=1, exit_when_idle=0.5) as svc:
+        await asyncio.wait_for(svc.run(), 10)
+    assert time.monotonic() - started < 5
+
+
+async def test_missing_consumer_is_a_fix_it_error(bus):
+    with pytest.raises(StreamsMissing, match="streams apply"):
+        async with Recorder(bus, concurrency=1) as svc:
+            await svc.run()

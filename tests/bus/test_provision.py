@@ -1,0 +1,145 @@
+"""``busscrape streams apply`` against a real nats-server."""
+
+import asyncio
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from busscrape.bus import names, provision, topology
+from busscrape.errors import StreamConflict, StreamsMissing
+
+
+async def test_apply_creates_everything_with_the_configured_values(bus, settings):
+    s = settings.with_overrides(streams={"results_max_age": "5d", "worker_max_deliver": 4,
+                                         "worker_ack_wait": "15s", "recrawl_window": "9d"})
+    changes = await provision.apply(bus.js, topology.load(s))
+    assert {c.action for c in changes} == {"create"}
+
+    results = await bus.js.stream_info(names.RESULTS_STREAM)
+    assert results.config.retention == "limits"
+    assert results.config.max_age == pytest.approx(5 * 86400)
+    assert results.config.discard == "new"
+    tasks = await bus.js.stream_info(names.TASKS_STREAM)
+    assert tasks.config.retention == "workqueue"
+    assert tasks.config.storage == "file"
+    assert tasks.config.duplicate_window == pytest.approx(600)
+    assert tasks.config.sources[0].name == names.SEEN_STREAM
+    workers = await bus.js.consumer_info(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+    assert workers.config.max_deliver == 4
+    assert workers.config.ack_wait == pytest.approx(15)
+    assert not workers.config.backoff
+    assert workers.config.max_ack_pending == s.streams.worker_max_ack_pending
+    ingesters = await bus.js.consumer_info(names.RESULTS_STREAM, names.INGESTERS_CONSUMER)
+    assert ingesters.config.max_deliver == -1
+    seen = await bus.js.key_value(names.SEEN_BUCKET)
+    assert (await seen.status()).ttl == pytest.approx(9 * 86400)
+    artifacts = await bus.js.stream_info(names.ARTIFACTS_STREAM)
+    assert artifacts.config.max_age == pytest.approx(s.streams.artifacts_ttl)
+    advisories = await bus.js.stream_info(names.ADVISORIES_STREAM)
+    assert advisories.config.subjects == [names.MAX_DELIVERIES_ADVISORY]
+
+
+async def test_apply_twice_changes_nothing(bus, settings):
+    defs = topology.load(settings)
+    await provision.apply(bus.js, defs)
+    again = await provision.apply(bus.js, defs)
+    assert [c.action for c in again] == ["unchanged"] * len(defs)
+
+
+async def test_a_changed_max_age_is_updated_and_shown_as_a_diff(bus, settings):
+    await provision.apply(bus.js, topology.load(settings))
+    changed = settings.with_overrides(streams={"results_max_age": "2d", "worker_ack_wait": "20s"})
+    dry = await provision.apply(bus.js, topology.load(changed), dry_run=True)
+    assert (await bus.js.stream_info(names.RESULTS_STREAM)).config.max_age == pytest.approx(7 * 86400)
+    updates = {c.definition.name: c for c in dry if c.action == "update"}
+    assert set(updates) == {names.RESULTS_STREAM, names.WORKERS_CONSUMER}
+    assert updates[names.RESULTS_STREAM].fields[0].describe() == "max_age: 7d -> 2d"
+
+    await provision.apply(bus.js, topology.load(changed))
+    assert (await bus.js.stream_info(names.RESULTS_STREAM)).config.max_age == pytest.approx(2 * 86400)
+    workers = await bus.js.consumer_info(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+    assert workers.config.ack_wait == pytest.approx(20)
+
+
+def conflicting_definitions(tmp_path, settings):
+    folder = tmp_path / "defs"
+    shutil.copytree(topology.definitions_dir(settings), folder)
+    path = folder / "results.toml"
+    path.write_text(path.read_text().replace('retention = "limits"', 'retention = "interest"'))
+    return folder
+
+
+async def test_a_retention_change_is_refused_and_nothing_changes(bus, settings, tmp_path):
+    await provision.apply(bus.js, topology.load(settings))
+    folder = conflicting_definitions(tmp_path, settings)
+    with pytest.raises(StreamConflict) as info:
+        await provision.apply(bus.js, topology.load(settings, folder))
+    message = str(info.value)
+    assert "stream RESULTS" in message and "retention" in message and "limits -> interest" in message
+    assert "--recreate RESULTS" in message
+    assert (await bus.js.stream_info(names.RESULTS_STREAM)).config.retention == "limits"
+
+
+async def test_recreate_makes_the_refused_change(bus, settings, tmp_path):
+    await provision.apply(bus.js, topology.load(settings))
+    folder = conflicting_definitions(tmp_path, settings)
+    await provision.apply(bus.js, topology.load(settings, folder), recreate=frozenset({"RESULTS"}))
+    assert (await bus.js.stream_info(names.RESULTS_STREAM)).config.retention == "interest"
+
+
+async def test_cli_exits_non_zero_with_the_message_on_a_conflict(bus, settings, tmp_path):
+    await provision.apply(bus.js, topology.load(settings))
+    folder = conflicting_definitions(tmp_path, settings)
+    env = {"PATH": "/usr/bin:/bin", "BUSSCRAPE_NATS__URL": settings.nats.url,
+           "BUSSCRAPE_STREAMS__DEFINITIONS_DIR": str(folder)}
+    proc = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "streams", "apply"],
+                                   capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "retention" in proc.stderr and "RESULTS" in proc.stderr
+
+
+async def test_cli_apply_and_show(bus, settings):
+    env = {"PATH": "/usr/bin:/bin", "BUSSCRAPE_NATS__URL": settings.nats.url, "COLUMNS": "200"}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "busscrape", "streams", *args],  # noqa: E731
+                                       capture_output=True, text=True, env=env, timeout=60)
+    total = len(topology.load(settings))
+    first = await asyncio.to_thread(run, "apply")
+    assert first.returncode == 0, first.stderr
+    assert "create" in first.stdout and f"{total} of {total} changed" in first.stdout
+    second = await asyncio.to_thread(run, "apply")
+    assert f"0 of {total} changed" in second.stdout
+    show = await asyncio.to_thread(run, "show", "--json")
+    assert show.returncode == 0
+    import orjson
+
+    doc = orjson.loads(show.stdout)
+    assert {d["name"] for d in doc if d["exists"]} >= {"TASKS", "RESULTS", "DEADLETTER", "SEEN", "workers"}
+
+
+async def test_require_names_what_is_missing_and_how_to_fix_it(bus, settings):
+    defs = topology.load(settings)
+    with pytest.raises(StreamsMissing) as info:
+        await provision.require(bus.js, defs, {("stream", "TASKS"), ("consumer", "workers")})
+    assert "stream TASKS" in str(info.value) and "consumer TASKS/workers" in str(info.value)
+    assert "busscrape streams apply" in str(info.value)
+    await provision.apply(bus.js, defs)
+    await provision.require(bus.js, defs, topology.REQUIRED)
+
+
+async def test_a_new_key_in_seen_is_queued_in_tasks_once_and_outlives_its_ttl(applied):
+    js = applied.js
+    headers = {names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0", names.MSG_TTL: "1"}
+    await js.publish(names.seen_key_subject("k1"), b"task-1", headers=dict(headers))
+    with pytest.raises(Exception, match="wrong last sequence"):
+        await js.publish(names.seen_key_subject("k1"), b"task-1", headers=dict(headers))
+    for _ in range(50):
+        if (await js.stream_info(names.TASKS_STREAM)).state.messages == 1:
+            break
+        await asyncio.sleep(0.05)
+    msg = await js.get_last_msg(names.TASKS_STREAM, names.task_subject("k1"))
+    assert msg.data == b"task-1"
+    await asyncio.sleep(2.2)  # the SEEN key expires; the queued task must not
+    assert (await js.stream_info(names.SEEN_STREAM)).state.messages == 0
+    assert (await js.stream_info(names.TASKS_STREAM)).state.messages == 1

@@ -1,0 +1,144 @@
+"""Workers that die, get stopped, or lose their browser — real processes, real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+
+import pytest
+
+from busscrape.bus import names, provision, topology
+from tests.support import pages
+from tests.support.bus import count, dead_letters, enqueue, results, wait_until
+from tests.support.procs import env_for, kill9, leftover_chromium, spawn
+from tests.worker.test_daemon import run_worker, wsettings  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@pytest.fixture
+def stamps(site):
+    return pages.install(site)
+
+
+@pytest.fixture
+async def fast_redelivery(bus, wsettings):  # noqa: F811
+    """Streams with a 3s ack_wait, so a dead worker's task comes back quickly."""
+    s = wsettings.with_overrides(streams={"worker_ack_wait": "3s", "worker_max_deliver": 2})
+    await provision.apply(bus.js, topology.load(s))
+    return s
+
+
+def start_worker(settings, tmp_path, name: str) -> subprocess.Popen[bytes]:
+    env = env_for(settings, BUSSCRAPE_WORKER__NAME=name, BUSSCRAPE_WORKER__CONCURRENCY="1")
+    return spawn(["worker"], env, tmp_path / f"{name}.log")
+
+
+async def wait_for_hit(stamps, path: str, n: int, timeout: float = 60) -> None:
+    async def hit():
+        return len(stamps.get(path, [])) >= n
+
+    await wait_until(hit, timeout)
+
+
+async def test_sigkill_mid_render_redelivers_to_another_worker_and_ends_with_one_result(
+        bus, fast_redelivery, site, stamps, tmp_path):
+    await enqueue(bus.js, site.url("/slow?s=4"))
+    victim = start_worker(fast_redelivery, tmp_path, "victim")
+    try:
+        await wait_for_hit(stamps, "/slow", 1)
+        kill9(victim)
+    finally:
+        kill9(victim)
+    assert await results(bus.js) == []
+    survivor = await run_worker(bus, fast_redelivery, exit_when_idle=10)
+    [result] = await results(bus.js)
+    assert result.attempt == 2 and result.worker == fast_redelivery.worker.name
+    assert survivor.counters["completed"] == 1
+    assert await count(bus.js, names.TASKS_STREAM) == 0
+    assert len(stamps["/slow"]) == 2
+
+
+async def test_a_worker_killed_on_the_last_delivery_is_reaped_into_deadletter(
+        bus, fast_redelivery, site, stamps, tmp_path):
+    task = await enqueue(bus.js, site.url("/slow?s=60"))
+    for delivery in (1, 2):  # max_deliver is 2: both deliveries die with their worker
+        victim = start_worker(fast_redelivery, tmp_path, f"victim{delivery}")
+        try:
+            await wait_for_hit(stamps, "/slow", delivery)
+        finally:
+            kill9(victim)
+    reaper_host = await run_worker(bus, fast_redelivery, exit_when_idle=8)
+    [letter] = await dead_letters(bus.js)
+    assert letter.stage == "reaper" and letter.task_id == task.task_id and letter.task == task
+    assert "delivered 2 times" in letter.error
+    assert await count(bus.js, names.TASKS_STREAM) == 0
+    assert await results(bus.js) == []
+    assert reaper_host.counters.get("completed", 0) == 0
+
+
+async def test_sigterm_lets_the_task_in_flight_finish(bus, fast_redelivery, site, stamps, tmp_path):
+    await enqueue(bus.js, site.url("/slow?s=2"))
+    worker = start_worker(fast_redelivery, tmp_path, "graceful")
+    await wait_for_hit(stamps, "/slow", 1)
+    worker.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(worker.wait, 60) == 0
+    [result] = await results(bus.js)
+    assert result.attempt == 1
+    assert await count(bus.js, names.TASKS_STREAM) == 0
+    assert leftover_chromium(tmp_path / "graceful.log") == []
+    log = (tmp_path / "graceful.log").read_text()
+    assert '"worker.stopped"' in log and '"completed": 1' in log
+
+
+async def test_sigterm_past_the_grace_period_hands_the_task_back_at_once(bus, fast_redelivery, site, stamps,
+                                                                         tmp_path):
+    await enqueue(bus.js, site.url("/slow?s=60"))
+    env = env_for(fast_redelivery, BUSSCRAPE_WORKER__GRACE_PERIOD="1s")
+    worker = spawn(["worker"], env, tmp_path / "impatient.log")
+    await wait_for_hit(stamps, "/slow", 1)
+    worker.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(worker.wait, 30) == 0
+    assert leftover_chromium(tmp_path / "impatient.log") == []
+    sub = await bus.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
+    [msg] = await sub.fetch(1, timeout=2)  # available now, not after ack_wait
+    assert msg.metadata.num_delivered == 2
+    await msg.nak()
+
+
+async def test_a_second_signal_stops_at_once(bus, fast_redelivery, site, stamps, tmp_path):
+    await enqueue(bus.js, site.url("/slow?s=60"))
+    worker = start_worker(fast_redelivery, tmp_path, "twice")
+    await wait_for_hit(stamps, "/slow", 1)
+    worker.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.5)
+    worker.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(worker.wait, 20) == 0
+    assert leftover_chromium(tmp_path / "twice.log") == []
+
+
+async def test_a_crashed_browser_is_relaunched_and_the_task_retried(bus, wsettings, site, stamps):  # noqa: F811
+    await provision.apply(bus.js, topology.load(wsettings))
+    await enqueue(bus.js, site.url("/slow?s=2"))
+    from busscrape.worker.daemon import Worker
+
+    async with Worker(bus, wsettings) as worker:
+        runner = asyncio.create_task(worker.run())
+        await wait_for_hit(stamps, "/slow", 1)
+        for pid in worker.pool.pids()[:1]:  # the browser process itself
+            os.kill(pid, signal.SIGKILL)
+        await asyncio.wait_for(runner, 60)
+    [result] = await results(bus.js)
+    assert result.attempt == 2 and worker.pool.restarts == 1
+    assert worker.counters["retried"] == 1
+
+
+async def test_the_browser_is_recycled_after_n_tasks(bus, wsettings, site, stamps):  # noqa: F811
+    await provision.apply(bus.js, topology.load(wsettings))
+    for i in range(5):
+        await enqueue(bus.js, site.url(f"/static?i={i}"))
+    worker = await run_worker(bus, wsettings, recycle_after_tasks=2, concurrency=1)
+    assert len(await results(bus.js)) == 5
+    assert worker.pool.restarts == 2

@@ -1,0 +1,78 @@
+import base64
+
+import orjson
+import pytest
+from playwright.async_api import async_playwright
+
+from busscrape.settings import BrowserSettings
+from busscrape.worker.browser.chromium import find_chromium, launch_args
+from busscrape.worker.har import HarRecorder
+
+pytestmark = pytest.mark.browser
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+
+
+@pytest.fixture
+async def page(site):
+    site.page("/", '<title>T</title><link rel=stylesheet href=/a.css><img src=/p.png><img src=/gone.png>'
+                   '<script>fetch("/api", {method: "POST", body: "q=1"})</script>')
+    site.page("/a.css", "body{color:red}", headers={"Content-Type": "text/css"})
+
+    @site.route("/p.png")
+    async def png(request):
+        from aiohttp import web
+        return web.Response(body=PNG, content_type="image/png")
+
+    @site.route("/api")
+    async def api(request):
+        from aiohttp import web
+        return web.json_response({"ok": True})
+
+    binary = find_chromium(BrowserSettings())
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=binary.path, args=launch_args(BrowserSettings()))
+        yield await (await browser.new_context()).new_page()
+        await browser.close()
+
+
+async def record(page, site, embed):
+    har = HarRecorder(page, embed_bodies=embed)
+    await page.goto(site.url("/"), wait_until="networkidle")
+    await har.settle()
+    return har
+
+
+async def test_har_lists_every_request_with_status_timing_and_failures(page, site):
+    har = await record(page, site, embed=False)
+    data, dropped = har.build(browser_version="x", page_timings={"onLoad": 1}, max_bytes=10**7)
+    doc = orjson.loads(data)["log"]
+    assert doc["version"] == "1.2" and doc["creator"]["name"] == "busscrape" and not dropped
+    by_path = {e["request"]["url"].rsplit("/", 1)[1]: e for e in doc["entries"]}
+    assert by_path[""]["response"]["status"] == 200
+    assert by_path["a.css"]["response"]["content"]["mimeType"].startswith("text/css")
+    assert by_path["gone.png"]["response"]["status"] == 404
+    assert by_path["api"]["request"]["method"] == "POST" and by_path["api"]["request"]["postData"]["text"] == "q=1"
+    assert all("text" not in e["response"]["content"] for e in doc["entries"])
+    assert by_path[""]["time"] > 0 and by_path[""]["startedDateTime"].endswith("Z")
+    for e in doc["entries"]:
+        assert {"request", "response", "timings", "cache", "startedDateTime", "time"} <= set(e)
+
+
+async def test_embedded_bodies_are_text_or_base64(page, site):
+    har = await record(page, site, embed=True)
+    doc = orjson.loads(har.build(browser_version="x", page_timings={}, max_bytes=10**7)[0])["log"]
+    by_path = {e["request"]["url"].rsplit("/", 1)[1]: e for e in doc["entries"]}
+    assert by_path["a.css"]["response"]["content"]["text"] == "body{color:red}"
+    image = by_path["p.png"]["response"]["content"]
+    assert image["encoding"] == "base64" and base64.b64decode(image["text"]) == PNG
+
+
+async def test_bodies_are_dropped_before_the_limit_fails(page, site):
+    har = await record(page, site, embed=True)
+    full, _ = har.build(browser_version="x", page_timings={}, max_bytes=10**7)
+    data, dropped = har.build(browser_version="x", page_timings={}, max_bytes=len(full) - 10)
+    assert dropped and b"body{color:red}" not in data
+    with pytest.raises(ValueError, match="without bodies"):
+        har.build(browser_version="x", page_timings={}, max_bytes=100)

@@ -1,0 +1,155 @@
+"""Hostile pages: each ends archived or dead-lettered within its budget, and the worker then
+serves a normal page. Also the limits that protect the fleet, each with its clear error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from busscrape.artifacts.store import ArtifactStore
+from busscrape.bus import provision, topology
+from busscrape.model.messages import TaskOptions
+from busscrape.model.steps import Scroll, Sleep, WaitFor
+from tests.support import pages
+from tests.support.bus import dead_letters, enqueue, results
+from tests.worker.test_daemon import png_size, run_worker, wbus, wsettings  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+BUDGET = 120  # seconds any one hostile page may cost the worker, retries included
+
+PDF = (b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj 2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj "
+       b"3 0 obj<</Type/Page/Parent 2 0 R/MediaBox[0 0 200 200]>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF\n")
+
+
+@pytest.fixture
+def hostile(site):
+    pages.install(site)
+
+    @site.route("/loop")
+    async def loop(request):
+        raise web.HTTPFound("/loop")
+
+    @site.route("/huge")
+    async def huge(request):
+        return web.Response(body=b"<p>" + b"x" * (50 * 1024 * 1024) + b"</p>", content_type="text/html")
+
+    @site.route("/download")
+    async def download(request):
+        return web.Response(body=b"a,b\n1,2\n", content_type="text/csv",
+                            headers={"Content-Disposition": 'attachment; filename="data.csv"'})
+
+    @site.route("/doc.pdf")
+    async def pdf(request):
+        return web.Response(body=PDF, content_type="application/pdf")
+
+    site.page("/hog", "<title>hog</title><script>const keep = []; "
+                      "while (true) { keep.push(new Array(5e6).fill(Math.random())); }</script>")
+    site.page("/dialogs", """<title>dialogs</title><p>still here</p><script>
+        alert('hello'); confirm('sure?'); prompt('name?');
+        window.addEventListener('beforeunload', (e) => { e.preventDefault(); e.returnValue = 'stay'; });
+        </script>""")
+    site.page("/popups", """<title>popups</title><p>opener</p><script>
+        for (let i = 0; i < 5; i++) window.open('/static?popup=' + i, '_blank');</script>""")
+    site.page("/endless", """<title>endless</title><div id=feed></div><script>
+        let n = 0; const add = () => { for (let i = 0; i < 5; i++) document.getElementById('feed')
+          .insertAdjacentHTML('beforeend', '<div style="height:400px">item ' + (++n) + '</div>'); };
+        add(); window.addEventListener('scroll', add);</script>""")
+    site.page("/tall", "<title>tall</title>" + "".join(f"<div style='height:500px'>row {i}</div>" for i in range(100)))
+    return site
+
+
+async def outcome_then_normal(bus, settings, site, url: str, *, steps=(), options=None, **worker):
+    """Run the hostile URL, then a normal page, through one worker; returns (letters, results)."""
+    await enqueue(bus.js, url, steps=steps, options=options)
+    await enqueue(bus.js, site.url("/static?after=1"))
+    await asyncio.wait_for(run_worker(bus, settings, concurrency=1, **worker), BUDGET)
+    done = await results(bus.js)
+    assert any(r.url == site.url("/static?after=1") and r.status == 200 for r in done), "normal page not served"
+    return await dead_letters(bus.js), [r for r in done if r.url == url]
+
+
+async def test_a_page_that_never_finishes_loading(wbus, wsettings, hostile):  # noqa: F811
+    letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/never"), navigation_timeout=1)
+    assert [d.reason for d in letters] == ["timeout"]
+
+
+async def test_an_infinite_redirect_loop(wbus, wsettings, hostile):  # noqa: F811
+    letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/loop"))
+    assert [d.reason for d in letters] == ["redirect_loop"] and len(letters[0].attempts) == 1
+
+
+async def test_a_50mb_page_is_refused_by_its_size(wbus, wsettings, hostile):  # noqa: F811
+    letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/huge"))
+    assert [d.reason for d in letters] == ["page_too_large"]
+    assert "over max_page_bytes" in letters[0].error
+
+
+async def test_a_page_that_eats_memory_until_its_tab_crashes(wbus, wsettings, hostile):  # noqa: F811
+    short = wsettings.with_overrides(streams={"worker_max_deliver": 2})
+    await provision.apply(wbus.js, topology.load(short))
+    letters, _ = await outcome_then_normal(wbus, short, hostile, hostile.url("/hog"), navigation_timeout=60)
+    assert [d.reason for d in letters] == ["page_crashed"] and len(letters[0].attempts) == 2
+
+
+async def test_dialogs_are_dismissed(wbus, wsettings, hostile):  # noqa: F811
+    letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/dialogs"))
+    assert letters == [] and result.title == "dialogs"
+
+
+async def test_a_download_is_dead_lettered_not_saved(wbus, wsettings, hostile):  # noqa: F811
+    letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/download"))
+    assert [d.reason for d in letters] == ["download"]
+
+
+async def test_a_pdf(wbus, wsettings, hostile):  # noqa: F811
+    letters, done = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/doc.pdf"))
+    # Headless Chromium hands a PDF to its download path: a clear dead letter, not a hang.
+    assert (len(done) == 1 and done[0].status == 200) or [d.reason for d in letters] == ["download"]
+
+
+async def test_popups_are_closed_and_the_opener_archived(wbus, wsettings, hostile):  # noqa: F811
+    letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/popups"))
+    assert letters == [] and result.title == "popups"
+    assert sum(n for (_, path), n in hostile.hits.items() if path == "/static") <= 6  # popups may load, then close
+
+
+async def test_infinite_scroll_stops_at_the_cap(wbus, wsettings, hostile):  # noqa: F811
+    steps = (Scroll(mode="infinite", max_scrolls=4, delay=0.1),)
+    letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/endless"), steps=steps)
+    html = (await ArtifactStore(wbus.js).read(next(a for a in result.artifacts if a.kind == "html"))).decode()
+    assert letters == [] and 10 <= html.count(">item ") <= 5 * 6
+
+
+# -- limits ---------------------------------------------------------------------------------------
+
+
+async def test_max_har_bytes(wbus, wsettings, hostile):  # noqa: F811
+    hostile.page("/many", "<title>many</title>" + "".join(f"<img src=/pixel.svg?{i}>" for i in range(60)))
+    letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/many"), max_har_bytes=10_000)
+    assert [d.reason for d in letters] == ["har_too_large"] and "without bodies" in letters[0].error
+
+
+async def test_max_screenshot_height(wbus, wsettings, hostile):  # noqa: F811
+    letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/tall"),
+                                                  options=TaskOptions(artifacts=("screenshot",)),
+                                                  max_screenshot_height=3000)
+    [shot] = result.artifacts
+    assert letters == [] and png_size(await ArtifactStore(wbus.js).read(shot)) == (1280, 3000)
+
+
+async def test_max_steps(wbus, wsettings, hostile):  # noqa: F811
+    steps = tuple(WaitFor(state="load") for _ in range(5))
+    letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/static?s=1"), steps=steps,
+                                           max_steps=3)
+    assert [d.reason for d in letters] == ["too_many_steps"] and "over max_steps 3" in letters[0].error
+
+
+async def test_task_total_timeout(wbus, wsettings, hostile):  # noqa: F811
+    short = wsettings.with_overrides(streams={"worker_max_deliver": 1})
+    await provision.apply(wbus.js, topology.load(short))
+    letters, _ = await outcome_then_normal(wbus, short, hostile, hostile.url("/static?t=1"),
+                                           steps=(Sleep(duration=10),), task_timeout=2)
+    assert [d.reason for d in letters] == ["task_timeout"] and "task_timeout" in letters[0].error

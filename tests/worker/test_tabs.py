@@ -1,0 +1,104 @@
+"""Reused tabs keep tasks apart: state set by one task is invisible to the next (real worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+
+from busscrape.artifacts.store import ArtifactStore
+from busscrape.model.messages import TaskOptions
+from busscrape.model.steps import WaitFor
+from busscrape.settings import BrowserSettings
+from busscrape.worker.browser.pool import BrowserPool
+from tests.support.bus import enqueue, results
+from tests.worker.test_daemon import run_worker, wbus, wsettings  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.browser
+
+# Leaves every kind of state a page can leave behind, then says so.
+SETTER = """<title>setter</title><script>
+(async () => {
+  document.cookie = 'leak=cookie; max-age=3600; path=/';
+  localStorage.setItem('leak', 'local'); sessionStorage.setItem('leak', 'session'); window.name = 'leak-name';
+  await new Promise(r => { const q = indexedDB.open('leakdb', 1);
+    q.onupgradeneeded = () => q.result.createObjectStore('o');
+    q.onsuccess = () => { const t = q.result.transaction('o', 'readwrite'); t.objectStore('o').put('v', 'k');
+                          t.oncomplete = r; }; });
+  await (await caches.open('leak-cache')).put('/x', new Response('cached'));
+  await fetch('/cacheable');
+  document.body.insertAdjacentHTML('beforeend', '<p id=done>state set</p>');
+})();</script>"""
+
+# Reports what it can see of a previous visitor.
+READER = """<title>reader</title><pre id=out></pre><script>
+(async () => {
+  const seen = {cookie: document.cookie, local: localStorage.getItem('leak'),
+    session: sessionStorage.getItem('leak'), name: window.name,
+    idb: (await indexedDB.databases()).map(d => d.name), caches: await caches.keys(),
+    history: history.length};
+  await fetch('/cacheable');
+  document.getElementById('out').textContent = JSON.stringify(seen);
+  document.body.insertAdjacentHTML('beforeend', '<p id=done>read</p>');
+})();</script>"""
+
+
+@pytest.mark.parametrize("isolation", ["tab", "context"])
+async def test_state_set_by_one_task_is_invisible_to_the_next(wbus, wsettings, site, isolation):  # noqa: F811
+    site.page("/set", SETTER)
+    site.page("/get", READER)
+    fetched = []
+
+    @site.route("/cacheable")
+    async def cacheable(request):
+        fetched.append(request.headers.get("Cookie", ""))
+        return web.Response(text="x", headers={"Cache-Control": "max-age=3600"})
+
+    done = (WaitFor(selector="#done", selector_state="attached"),)
+    await enqueue(wbus.js, site.url("/set"), steps=done)
+    await enqueue(wbus.js, site.url("/get"), steps=done, options=TaskOptions(artifacts=("html",)))
+    # One slot: the second task runs in the same tab (or its replacement context) right after.
+    worker = await run_worker(wbus, wsettings, concurrency=1, isolation=isolation)
+    assert worker.counters["completed"] == 2
+    reader = next(r for r in await results(wbus.js) if r.url == site.url("/get"))
+    html = (await ArtifactStore(wbus.js).read(reader.artifacts[0])).decode()
+    seen = json.loads(html.split('<pre id="out">')[1].split("</pre>")[0].replace("&quot;", '"'))
+    # history: about:blank, then this page — what a brand-new page shows too; the setter's page is gone.
+    assert seen == {"cookie": "", "local": None, "session": None, "name": "", "idb": [], "caches": [],
+                    "history": 2}
+    # The HTTP cache was dropped too: the reader fetched the cacheable resource again (the setter's
+    # fetch carried the cookie it had just set; the reader's carries none).
+    assert fetched == ["leak=cookie", ""]
+
+
+TICKER = """<title>ticker</title><script>
+document.cookie = 'left=behind; max-age=3600; path=/';
+window.ticks = 0; setInterval(() => window.ticks++, 10);</script>"""
+
+
+async def test_a_deferred_wipe_pauses_the_page_and_gives_way_to_a_task_waiting_for_a_tab(site):
+    site.page("/tick", TICKER)
+    site.page("/plain", "<title>plain</title><p>plain</p>")
+    async with BrowserPool(BrowserSettings(), proxy_url=None, recycle_after_tasks=1000, recycle_rss=2**40,
+                           tab_wipe_delay=600.0) as pool:
+        await pool.prewarm(3)
+        async with pool.tab() as first:
+            await first.page.goto(site.url("/tick"))
+        # Two tabs were still ready, so the wipe waits; meanwhile the page runs no scripts.
+        await asyncio.sleep(0.3)
+        before = await first.page.evaluate("window.ticks")
+        await asyncio.sleep(0.5)
+        assert await first.page.evaluate("window.ticks") - before <= 1  # running, it would tick ~50 times
+        async with pool.tab() as second, pool.tab() as third:
+            assert first not in (second, third)
+            # No tab is ready now: a task asking for one starts the waiting wipe instead of
+            # sitting out its 600 s, and gets the wiped tab.
+            async with asyncio.timeout(60), pool.tab() as fourth:
+                assert fourth is first
+                await fourth.page.goto(site.url("/plain"))
+                assert await fourth.page.evaluate("document.cookie") == ""
+                await fourth.page.goto(site.url("/tick"))
+                await asyncio.sleep(0.3)
+                assert await fourth.page.evaluate("window.ticks") > 5  # scripts run again after the wipe
