@@ -77,7 +77,7 @@ async def _span_from_status(workdir: Path) -> float:
             # The keys from the stream's subjects: nats-py's KeyValue.keys() can come back empty
             # (its watcher may signal "done" before the first key arrives; seen once here).
             info = await bus.js.stream_info(f"KV_{names.STATUS_BUCKET}",
-                                            subjects_filter=f"$KV.{names.STATUS_BUCKET}.>")
+                                            subjects_filter=names.kv_subject(names.STATUS_BUCKET, ">"))
             board = StatusBoard(bus.js)
             first, last, count = None, None, 0
             for subject in info.state.subjects or {}:

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from busscrape.settings import Settings, reference_markdown
+from busscrape.settings import Settings
+from busscrape.settings.reference import reference_markdown
 
 
 def test_env_nested_with_double_underscore(monkeypatch):

@@ -29,7 +29,8 @@ from busscrape.api.schema import openapi_document
 from busscrape.api.server import ApiServer
 from busscrape.bus import provision, topology
 from busscrape.bus.connection import Bus
-from busscrape.search.index import IndexedPage, open_index
+from busscrape.search import open_index
+from busscrape.search.index import IndexedPage
 from busscrape.settings import Settings
 from tests.conftest import make_settings, wipe
 

@@ -14,10 +14,11 @@ import pytest
 from busscrape.api.server import ApiServer
 from busscrape.bus import names
 from busscrape.dispatch.dispatcher import Dispatcher
+from busscrape.dispatch.identity import task_id_for_url
 from busscrape.model.messages import TaskOptions, task_key
-from busscrape.search.index import IndexedPage, open_index
+from busscrape.search import open_index
+from busscrape.search.index import IndexedPage
 from busscrape.settings import settings_env
-from busscrape.status.history import task_id_for_url
 from tests.support.bus import count, wait_until
 from tests.support.net import free_port
 

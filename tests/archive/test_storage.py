@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from busscrape.archive.storage.local import PARTIAL_DIR, WRITE_BUFFER, FileStorage, Storage, open_storage
+from busscrape.archive.storage import Storage, open_storage
+from busscrape.archive.storage.local import PARTIAL_DIR, WRITE_BUFFER, FileStorage
 from busscrape.archive.storage.s3 import S3Storage, endpoint_of
 from busscrape.errors import ArtifactUnusable, AuthenticationFailed, ConfigurationError, StorageUnavailable
 from busscrape.settings import Settings

@@ -125,7 +125,7 @@ async def test_require_names_what_is_missing_and_how_to_fix_it(bus, settings):
     assert "stream TASKS" in str(info.value) and "consumer TASKS/workers" in str(info.value)
     assert "busscrape streams apply" in str(info.value)
     await provision.apply(bus.js, defs)
-    await provision.require(bus.js, defs, topology.REQUIRED)
+    await provision.require(bus.js, defs, names.REQUIRED)
 
 
 async def test_a_new_key_in_seen_is_queued_in_tasks_once_and_outlives_its_ttl(applied):

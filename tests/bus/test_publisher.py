@@ -6,7 +6,7 @@ import time
 import pytest
 from nats.js import api
 
-from busscrape.bus import names, publisher
+from busscrape.bus import names
 from busscrape.bus.publisher import ABANDONED, NO_ANSWER, WRONG_LAST_SEQUENCE, Publisher, PublishFailed
 
 
@@ -18,10 +18,7 @@ async def test_publish_returns_the_pub_ack(applied):
     assert (await applied.js.get_msg(names.TASKS_STREAM, 2)).data == b"two"
 
 
-@pytest.mark.parametrize("through_nats_py", [False, True], ids=["encoded", "fallback"])
-async def test_an_encoded_header_block_arrives_as_the_headers_it_spells(applied, monkeypatch, through_nats_py):
-    if through_nats_py:  # what runs where nats-py's internals have moved
-        monkeypatch.setattr(publisher, "_ENCODED_PATH", False)
+async def test_an_encoded_header_block_arrives_as_the_headers_it_spells(applied):
     block = b"NATS/1.0\r\nNats-Msg-Id: one-1\r\ntraceparent: 00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01\r\n\r\n"
     subject = names.seen_key_subject("d" * 32)
     async with Publisher(applied.nc) as pub:

@@ -9,7 +9,7 @@ from busscrape.settings import Settings
 
 def test_bundled_definitions_cover_everything_busscrape_needs():
     defs = topology.load(Settings())
-    assert {(d.kind, d.name) for d in defs} >= topology.REQUIRED
+    assert {(d.kind, d.name) for d in defs} >= names.REQUIRED
     kinds = [d.kind for d in defs]
     # buckets before the streams that source them, streams before consumers
     assert kinds == sorted(kinds, key=lambda k: {"kv": 0, "object_store": 1, "stream": 2, "consumer": 3}[k])
@@ -29,12 +29,13 @@ def test_placeholders_take_the_settings():
     assert workers.stream == names.TASKS_STREAM
     seen = defs[("kv", names.SEEN_BUCKET)]
     assert seen.stream == names.SEEN_STREAM
-    assert seen.stream_fields()["max_age"] == s.streams.recrawl_window
+    assert seen.managed["max_age"] == s.streams.recrawl_window == seen.config.max_age
+    assert seen.create.ttl == s.streams.recrawl_window
 
 
 def test_tasks_source_the_seen_bucket_into_task_subjects():
     tasks = next(d for d in topology.load(Settings()) if d.name == names.TASKS_STREAM)
-    config = tasks.stream_config()
+    config = tasks.config
     assert config.sources[0].name == names.SEEN_STREAM
     transform = config.sources[0].subject_transforms[0]
     assert transform.src == names.seen_key_subject(">")

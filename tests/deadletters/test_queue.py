@@ -10,10 +10,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from busscrape.archive.storage.local import open_storage
+from busscrape.archive.storage import open_storage
 from busscrape.bus import names
 from busscrape.deadletters import filing
-from busscrape.deadletters.queue import replay_msg_id
 from busscrape.ingest.daemon import Ingester
 from busscrape.model.messages import (
     AttemptRecord,
@@ -176,7 +175,7 @@ async def test_replay_requeues_letters_with_a_task_and_skips_the_others_with_the
     assert len(queued) == 3
     again = queued[task.task_id]
     assert again.subject == names.task_subject(task.task_id)
-    assert again.headers[names.MSG_ID] == replay_msg_id(task.task_id, letters["recent_500"])
+    assert again.headers[names.MSG_ID] == names.replay_msg_id(task.task_id, letters["recent_500"])
     replayed = decode(ScrapeTask, again.data)
     assert replayed.model_dump(exclude={"dispatched_at"}) == task.model_dump(exclude={"dispatched_at"})
     assert replayed.dispatched_at > task.dispatched_at  # a new generation of the task

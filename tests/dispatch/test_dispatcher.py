@@ -20,8 +20,10 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.publisher import WRONG_LAST_SEQUENCE, Publication, PublishFailed
 from busscrape.dispatch import inputs, urls
-from busscrape.dispatch.dispatcher import Dispatcher, FingerprintSet, TaskTemplate
+from busscrape.dispatch.dispatcher import Dispatcher
+from busscrape.dispatch.fingerprints import FingerprintSet
 from busscrape.dispatch.inputs import TaskDefaults
+from busscrape.dispatch.template import TaskTemplate
 from busscrape.errors import ConfigurationError, StreamsMissing
 from busscrape.model.messages import ScrapeTask, TaskOptions, decode, encode, task_key
 from busscrape.model.steps import Click, Scroll

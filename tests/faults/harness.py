@@ -9,7 +9,6 @@ TASKS, RESULTS, ARTIFACTS) and counts every task.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import random
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from busscrape.archive.storage.local import open_storage
+from busscrape.archive.storage import open_storage
 from busscrape.artifacts.store import ArtifactStore
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
@@ -111,7 +110,7 @@ class Fleet:
     async def orphan_chunks(self, bus: Bus, count: int = 2) -> None:
         """Chunks with no meta naming them, as a clean-up cut short between its two purges leaves."""
         for i in range(count):
-            await bus.js.publish(f"$O.{names.ARTIFACTS_BUCKET}.C.ORPHAN{i}", b"left behind" * 100,
+            await bus.js.publish(names.object_chunk_subject(names.ARTIFACTS_BUCKET, f"ORPHAN{i}"), b"left behind" * 100,
                                  stream=names.ARTIFACTS_STREAM)
         self.faults["orphan_chunks"] += count
 
@@ -172,10 +171,10 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
     ingest = await bus.js.consumer_info(names.RESULTS_STREAM, names.INGESTERS_CONSUMER)
     # A released object has its chunks purged: live objects are the chunk subjects still there.
     chunks = await bus.js.stream_info(names.ARTIFACTS_STREAM,
-                                      subjects_filter=f"$O.{names.ARTIFACTS_BUCKET}.C.>")
+                                      subjects_filter=names.object_chunk_subject(names.ARTIFACTS_BUCKET, ">"))
     objects = len(chunks.state.subjects or {})
-    metas = await bus.js.stream_info(names.ARTIFACTS_STREAM, subjects_filter=f"$O.{names.ARTIFACTS_BUCKET}.M.>")
-    stored_names = sorted(base64.urlsafe_b64decode(subject.rsplit(".", 1)[-1]).decode()
+    metas = await bus.js.stream_info(names.ARTIFACTS_STREAM, subjects_filter=names.object_metas(names.ARTIFACTS_BUCKET))
+    stored_names = sorted(names.object_name_of(subject)
                    for subject in metas.state.subjects or {})
     nameless = sorted(await ArtifactStore(bus.js).nameless_chunks()) if objects else []
     return Audit(dispatched=dispatched, archived=archived, dead=dead, poison_found=poison_found,

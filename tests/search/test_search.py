@@ -22,8 +22,9 @@ from busscrape.errors import ConfigurationError
 from busscrape.ingest.daemon import Ingester
 from busscrape.model.messages import ScrapeResult
 from busscrape.model.steps import WaitFor
+from busscrape.search import open_index
 from busscrape.search.feed import SearchFeed, reindex
-from busscrape.search.index import IndexedPage, InvalidQuery, SearchQuery, open_index, parse_since
+from busscrape.search.index import IndexedPage, InvalidQuery, SearchQuery, parse_since
 from busscrape.settings import settings_env
 from busscrape.status.records import StatusBoard
 from busscrape.worker.daemon import Worker

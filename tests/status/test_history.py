@@ -17,11 +17,12 @@ import pytest
 from busscrape.archive.storage.local import FileStorage
 from busscrape.bus import provision, topology
 from busscrape.dispatch.dispatcher import Dispatcher
+from busscrape.dispatch.identity import task_id_for_url
 from busscrape.errors import InputError
 from busscrape.ingest.daemon import Ingester
 from busscrape.model.messages import ScrapeTask, TaskOptions, task_key
 from busscrape.settings import settings_env
-from busscrape.status.history import HistoryReader, TaskHistory, merge, task_id_for_url
+from busscrape.status.history import HistoryReader, TaskHistory, merge
 from busscrape.status.records import TaskStatus
 from busscrape.worker.daemon import Worker
 from tests.conftest import make_settings

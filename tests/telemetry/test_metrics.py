@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from busscrape.archive.storage.local import open_storage
+from busscrape.archive.storage import open_storage
 from busscrape.bus import names
 from busscrape.dispatch.dispatcher import Dispatcher
 from busscrape.ingest.daemon import Ingester

@@ -10,13 +10,13 @@ import struct
 import orjson
 import pytest
 
+from busscrape.artifacts.files import capture_files
 from busscrape.artifacts.store import ArtifactStore, object_name
 from busscrape.bus import names, provision, topology
 from busscrape.model.messages import ScrapeResult, TaskOptions
 from busscrape.model.steps import Click, Evaluate, Fill, Press, Screenshot, Scroll, WaitFor, WaitStable
 from busscrape.status.records import StatusBoard, TaskStatus
 from busscrape.worker.daemon import Worker
-from busscrape.worker.render import capture_files
 from tests.conftest import make_settings
 from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, results, wait_until
@@ -315,7 +315,8 @@ async def die_after_storing(bus, settings) -> None:
 
 async def live_objects(bus) -> int:
     """Objects whose chunks are still in ARTIFACTS (a released or discarded one has none)."""
-    info = await bus.js.stream_info(names.ARTIFACTS_STREAM, subjects_filter=f"$O.{names.ARTIFACTS_BUCKET}.C.>")
+    chunks = names.object_chunk_subject(names.ARTIFACTS_BUCKET, ">")
+    info = await bus.js.stream_info(names.ARTIFACTS_STREAM, subjects_filter=chunks)
     return len(info.state.subjects or {})
 
 

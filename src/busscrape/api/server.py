@@ -28,8 +28,6 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import nats.errors
-import nats.js.errors
 import orjson
 import structlog
 from aiohttp import web
@@ -49,19 +47,21 @@ from busscrape.api.schema import (
 )
 from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
+from busscrape.bus.retry import TRANSIENT
+from busscrape.dispatch.identity import task_id_for_url
 from busscrape.dispatch.intake import submit
 from busscrape.errors import BusscrapeError, ConfigurationError, InputError
 from busscrape.model.messages import describe_validation_error
-from busscrape.search.index import InvalidQuery, SearchIndex, SearchQuery, SearchUnavailable, open_index, parse_since
+from busscrape.search import open_index
+from busscrape.search.index import InvalidQuery, SearchIndex, SearchQuery, SearchUnavailable, parse_since
 from busscrape.settings import Settings
-from busscrape.status.history import TASK_ID, HistoryReader, TaskHistory, task_id_for_url
+from busscrape.status.history import TASK_ID, HistoryReader, TaskHistory
 
 log = structlog.get_logger("busscrape.api")
 
 SHUTDOWN_GRACE = 5.0
 MAX_REQUEST_LINE = 256 * 1024
 OPEN = frozenset({"/healthz", "/openapi.json"})  # served without a token
-NEEDED = {("kv", names.SEEN_BUCKET), ("kv", names.STATUS_BUCKET), ("stream", names.TASKS_STREAM)}
 _INTEGER = re.compile(r"^-?[0-9]{1,9}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -108,7 +108,7 @@ class ApiServer:
         if self._entered:
             raise RuntimeError("an ApiServer can be entered only once")
         self._entered = True
-        await provision.require(self.bus.js, topology.load(self.settings), NEEDED)
+        await provision.require(self.bus.js, topology.load(self.settings), names.API_NEEDS)
         # aiohttp refuses a request line over 8 KB in plain text, before any handler: a 1,000-character
         # query of 4-byte characters is 12 KB percent-encoded. Longer lines are let through to be
         # refused with a JSON reason by the parameters' own limits.
@@ -204,7 +204,7 @@ class ApiServer:
             intake = await submit(self.bus, self.settings, items, labels=wanted.labels, force=wanted.force)
         except ConfigurationError as exc:
             raise ApiError(503, exc.reason, exc.message) from None
-        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+        except TRANSIENT as exc:
             raise ApiError(503, "bus_unavailable", f"NATS did not answer ({exc!r}); sending the same request "
                                                    "again is safe") from None
         counts = intake.counts
@@ -257,7 +257,7 @@ class ApiServer:
             found = await self.history.read(task_id)
         except BusscrapeError as exc:
             raise ApiError(503, exc.reason, exc.message) from None
-        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+        except TRANSIENT as exc:
             raise ApiError(503, "bus_unavailable", f"cannot read STATUS or SEEN: {exc!r}") from None
         if found is None:
             raise ApiError(404, "task_not_found", f"no task {task_id} ({asked}) is queued or remembered")

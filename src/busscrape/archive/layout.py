@@ -32,7 +32,8 @@ from typing import Any
 
 import orjson
 
-from busscrape.deadletters.filing import host_of, poison_letter_id
+from busscrape.bus.names import poison_letter_id
+from busscrape.deadletters.filing import host_of
 from busscrape.errors import PermanentError
 from busscrape.model.messages import ArtifactRef, DeadLetter, ScrapeResult
 

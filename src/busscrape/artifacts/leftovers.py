@@ -4,7 +4,7 @@ A worker killed between storing a task's artifacts and publishing its result, or
 failed while NATS was away, leaves objects that nothing will archive or release. The bucket's TTL
 would collect them days later; but the delivery that settles the task knows where they are, since
 object names are ``<task_id>/<task_seq>/<attempt>/<file>`` and the files follow from the task
-(``render.capture_files``). So the worker that publishes a retried task's result or files its dead
+(``artifacts.files.capture_files``). So the worker that publishes a retried task's result or files its dead
 letter, and the reaper, discard the earlier attempts' objects, all but those of the result that
 RESULTS holds for this task (when an earlier attempt published one and died before its ack, that
 result is the one the ingester archives).
@@ -25,15 +25,15 @@ import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 
+from busscrape.artifacts.files import capture_files
 from busscrape.artifacts.store import ArtifactStore, object_name
 from busscrape.bus import names
+from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import MessageDecodeError, StorageUnavailable
 from busscrape.model.messages import ScrapeResult, ScrapeTask, decode
-from busscrape.worker.render import capture_files
 
 log = structlog.get_logger("busscrape.leftovers")
 
-_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
 
 
 async def referenced(js: JetStreamContext, task_id: str, seq: int) -> set[str] | None:
@@ -46,7 +46,7 @@ async def referenced(js: JetStreamContext, task_id: str, seq: int) -> set[str] |
         msg = await js.get_last_msg(names.RESULTS_STREAM, names.result_subject(task_id))
     except nats.js.errors.NotFoundError:
         return set()
-    except _NATS_ERRORS:
+    except TRANSIENT:
         return None
     try:
         result = decode(ScrapeResult, msg.data or b"")
@@ -120,5 +120,5 @@ class StrayChunks:
                 pass
             try:
                 await self.sweep()
-            except (*_NATS_ERRORS, StorageUnavailable) as exc:  # NATS away or not answering: next pass
+            except (*TRANSIENT, StorageUnavailable) as exc:  # NATS away or not answering: next pass
                 log.warning("leftovers.stray_sweep_failed", error=repr(exc))

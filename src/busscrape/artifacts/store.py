@@ -32,8 +32,11 @@ import nats.js.errors
 import orjson
 from nats.js import JetStreamContext
 
+from busscrape.bus import names
+from busscrape.bus.compat import connection_of, next_nuid
 from busscrape.bus.names import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 from busscrape.bus.publisher import Publication, Publisher, PublishFailed
+from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import ArtifactUnusable, StorageUnavailable
 from busscrape.model.messages import ArtifactRef
 
@@ -43,9 +46,8 @@ _READ_BATCH = 8  # chunks per batched direct get when reading (2 MiB)
 _PUT_RETRIES = 2  # re-sends of a chunk or meta whose PubAck did not come in time
 _META_BATCH = 1000  # metas per batched direct get when looking for stray chunks
 _READ_TIMEOUT = 30.0
-_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
-_ROLLUP = {"Nats-Rollup": "sub"}
-_ALL_METAS = f"$O.{ARTIFACTS_BUCKET}.M.>"
+_ROLLUP = {names.ROLLUP: "sub"}
+_ALL_METAS = names.object_metas(ARTIFACTS_BUCKET)
 
 
 def object_name(task_id: str, task_seq: int, attempt: int, file: str) -> str:
@@ -53,11 +55,11 @@ def object_name(task_id: str, task_seq: int, attempt: int, file: str) -> str:
 
 
 def _meta_subject(name: str) -> str:
-    return f"$O.{ARTIFACTS_BUCKET}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+    return names.object_meta_subject(ARTIFACTS_BUCKET, name)
 
 
 def _chunk_subject(nuid: str) -> str:
-    return f"$O.{ARTIFACTS_BUCKET}.C.{nuid}"
+    return names.object_chunk_subject(ARTIFACTS_BUCKET, nuid)
 
 
 class ArtifactStore:
@@ -65,7 +67,7 @@ class ArtifactStore:
 
     def __init__(self, js: JetStreamContext, *, timeout: float = 10.0) -> None:
         self._js = js
-        self._nc = js._nc  # for NUIDs, as nats-py's object store does
+        self._nc = connection_of(js)  # for NUIDs and direct gets
         self.timeout = timeout
         self._publisher: Publisher | None = None
         self._opening = asyncio.Lock()
@@ -89,7 +91,7 @@ class ArtifactStore:
 
         Raises ``StorageUnavailable`` when NATS does not take it (the task is retried).
         """
-        nuid = self._nc._nuid.next().decode()
+        nuid = next_nuid(self._nc)
         chunk_subject = _chunk_subject(nuid)
         view = memoryview(data)
         acks: list[asyncio.Future[Publication]] = []
@@ -123,7 +125,7 @@ class ArtifactStore:
             for pub in await asyncio.gather(*acks):
                 if pub.error is not None:
                     raise pub.error
-        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError, PublishFailed) as exc:
+        except (*TRANSIENT, PublishFailed) as exc:
             # The meta only once its chunks are gone: while it stays, it names them (see ``delete``).
             if await self._purge_quietly(chunk_subject):
                 await self._purge_quietly(_meta_subject(name))
@@ -154,7 +156,7 @@ class ArtifactStore:
         if nuid is None:
             try:
                 info = await self._info(ref.object)
-            except _NATS_ERRORS as exc:
+            except TRANSIENT as exc:
                 raise StorageUnavailable(f"cannot read artifact {ref.object}: {exc!r}") from None
             nuid = info["nuid"] if info else None
         if nuid is None:
@@ -193,7 +195,7 @@ class ArtifactStore:
         sub = await self._nc.subscribe(inbox, cb=collect)
         try:
             request = orjson.dumps({"seq": seq, "next_by_subj": subject, "batch": size})
-            await self._nc.publish(f"$JS.API.DIRECT.GET.{ARTIFACTS_STREAM}", request, reply=inbox)
+            await self._nc.publish(names.direct_get_subject(ARTIFACTS_STREAM), request, reply=inbox)
             for _ in range(size):
                 try:
                     msg = await asyncio.wait_for(got.get(), _READ_TIMEOUT)
@@ -281,7 +283,7 @@ class ArtifactStore:
     async def _purge_quietly(self, subject: str) -> bool:
         try:
             await self._js.purge_stream(ARTIFACTS_STREAM, subject=subject)
-        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError):
+        except TRANSIENT:
             return False  # the bucket's TTL collects what is left
         return True
 

@@ -30,6 +30,8 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from busscrape.bus.compat import TlsEnforcingClient, TlsNotOffered
+from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import AuthenticationFailed, ConfigurationError, NatsUnavailable
 from busscrape.net import tls
 from busscrape.settings import NatsSettings, Settings
@@ -41,29 +43,6 @@ _AUTH_WORDS = ("authorization", "authentication", "user authentication", "permis
 # TLS alerts a server sends when it refuses our client certificate (or the lack of one).
 _CLIENT_CERT_ALERTS = ("certificate required", "unknown ca", "bad certificate", "certificate unknown",
                        "certificate revoked", "certificate expired", "unsupported certificate", "access denied")
-
-
-class TlsNotOffered(nats.errors.Error):
-    """The server offers no TLS although the settings ask for it (raised before CONNECT is sent)."""
-
-
-class _Client(NATS):
-    """nats-py's client, refusing to fall back to plaintext when TLS was asked for.
-
-    nats-py 2.16 upgrades to TLS only when the server's INFO says ``tls_required``: pointed at a
-    server without TLS, a ``tls://`` URL or a CA file would send the CONNECT (password, token) in
-    the clear. This runs on every (re)connection, after INFO and before CONNECT, as nats.go's
-    ``checkForSecure`` does; a server that offers TLS without requiring it gets it.
-    """
-
-    wants_tls = False
-
-    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
-        if initial_connection and self.wants_tls and not info.get("tls_required"):
-            if not info.get("tls_available"):
-                raise TlsNotOffered("nats: the server does not offer TLS")
-            info["tls_required"] = True  # the same dict decides the upgrade right after this
-        await super()._process_info(info, initial_connection)
 
 
 def _is_auth_error(exc: BaseException) -> bool:
@@ -258,7 +237,7 @@ class Bus:
             if on_reconnect:
                 await on_reconnect()
 
-        nc = _Client()
+        nc = TlsEnforcingClient()
         nc.wants_tls = "tls" in opts
         state = {"closing": False}
         attempt = asyncio.ensure_future(
@@ -344,5 +323,5 @@ async def _quiet_close(nc: NATS) -> None:
         return
     try:
         await asyncio.wait_for(nc.close(), 5)
-    except (TimeoutError, nats.errors.Error, OSError):
+    except TRANSIENT:
         pass

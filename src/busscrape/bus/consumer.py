@@ -14,8 +14,15 @@ Lifecycle (``async with service: await service.run()``)::
     max_items     -> stop fetching after that many messages, finish them, exit
     exit_when_idle-> exit after that long with nothing fetched and nothing in flight
 
-Subclasses implement ``handle(msg)``, which acks, naks or dead-letters itself. Anything that
-escapes it is a bug: logged, the message nak'ed with a delay, and the daemon carries on.
+Subclasses implement ``handle(msg)``, which acks, naks or dead-letters itself (``retry_later``
+naks with the service's backoff). Anything that escapes it is a bug: logged, the message nak'ed
+with a delay, and the daemon carries on.
+
+A service may bring *companions*: side consumers of other streams that live and die with it (the
+worker's reaper on TASK_ADVISORIES, the ingester's archivist on DEADLETTER). They are pull
+services too, so they get the same slots, heartbeats and drain; they start after this one has
+bound its consumer, stop when it stops, and their counters join its own under their kind
+(``archivist_archived``). A companion that fails stops the service, and ``run`` raises its error.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 
+from busscrape.bus.compat import prefetched
 from busscrape.bus.connection import Bus
+from busscrape.bus.retry import TRANSIENT, backoff
 from busscrape.errors import StreamsMissing
 from busscrape.telemetry.metrics import Telemetry
 
@@ -57,6 +66,7 @@ class PullService(ABC):
         exit_when_idle: float | None = None,
         grace_period: float = 30.0,
         fetch_timeout: float = 2.0,
+        backoff: tuple[float, float] = (1.0, 60.0),
         telemetry: Telemetry | None = None,
     ) -> None:
         self.bus = bus
@@ -68,6 +78,8 @@ class PullService(ABC):
         self.exit_when_idle = exit_when_idle
         self.grace_period = grace_period
         self.fetch_timeout = fetch_timeout
+        self.backoff = backoff
+        """First and longest delay of ``retry_later`` (the base doubles per delivery)."""
         self.counters: Counter[str] = Counter()
         self.heartbeat_interval = 10.0
         self._stopping = asyncio.Event()
@@ -78,6 +90,7 @@ class PullService(ABC):
         self._last_activity = time.monotonic()
         self._entered = False
         self._started = False
+        self._companions: list[PullService] = []
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -92,7 +105,11 @@ class PullService(ABC):
         """Release them after the last message."""
 
     async def background(self) -> list[asyncio.Task[Any]]:
-        """Extra tasks that run alongside the slots (e.g. the reaper); cancelled at exit."""
+        """Extra tasks that run alongside the slots (e.g. the stray-chunk sweep); cancelled at exit."""
+        return []
+
+    def companions(self) -> list[PullService]:
+        """Side consumers that run with this service (see the module's docstring)."""
         return []
 
     def count(self, outcome: str) -> None:
@@ -128,9 +145,11 @@ class PullService(ABC):
         return len(self._inflight)
 
     def stop(self) -> None:
-        """First call: drain gracefully. Second call: cancel in-flight work now."""
+        """First call: drain gracefully. Second call: cancel in-flight work now (companions alike)."""
         self._stop_calls += 1
         self._stopping.set()
+        for side in self._companions:
+            side.stop()
         if self._stop_calls == 1:
             log.info(f"{self.kind}.stopping", in_flight=self.in_flight, grace_period=self.grace_period)
         else:
@@ -159,6 +178,9 @@ class PullService(ABC):
                  for i, sub in enumerate(subs)}
         log.info(f"{self.kind}.started", concurrency=self.concurrency, stream=self.stream, consumer=self.durable)
         watcher = asyncio.create_task(self._watch_idle())
+        self._companions = self.companions()
+        sides = [asyncio.create_task(self._accompany(side), name=side.kind) for side in self._companions]
+        failure: BaseException | None = None
         try:
             await self._stopping.wait()
             await self._drain(slots)
@@ -169,8 +191,41 @@ class PullService(ABC):
             await asyncio.gather(*slots, *extra, watcher, return_exceptions=True)
             for sub in subs:
                 await self._release_prefetched(sub)
+            for side in self._companions:
+                if not side.stopping:
+                    side.stop()
+            for side, outcome in zip(self._companions, await asyncio.gather(*sides, return_exceptions=True),
+                                     strict=True):
+                if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+                    failure = failure or outcome
+                for name, count in side.counters.items():
+                    self.counters[f"{side.kind}_{name}"] += count
             log.info(f"{self.kind}.stopped", **dict(sorted(self.counters.items())))
+        if failure is not None:
+            raise failure
         return self.counters
+
+    async def _accompany(self, side: PullService) -> None:
+        """Run a companion; if it fails while this service runs on, stop this service too."""
+        try:
+            async with side:
+                await side.run()
+        except Exception as exc:
+            if not self.stopping:
+                log.error(f"{side.kind}.failed", error=repr(exc))
+                self.stop()
+            raise
+
+    async def retry_later(self, msg: Msg, error: BaseException | str, event: str, *, at_least: float | None = None,
+                          **fields: Any) -> float:
+        """Nak ``msg`` with this service's backoff for its delivery count; the delay."""
+        delivered = msg.metadata.num_delivered
+        delay = backoff(delivered, *self.backoff, at_least=at_least)
+        self.count("retried")
+        log.warning(event, error=str(error) or type(error).__name__, delivery=delivered, retry_in=round(delay, 2),
+                    **fields)
+        await quietly(msg.nak(delay=delay))
+        return delay
 
     async def _bind(self) -> list[Any]:
         subs = []
@@ -194,7 +249,7 @@ class PullService(ABC):
     async def _watch_lag(self, every: float = 10.0) -> None:
         """Keep the consumer-lag gauge fresh (the same sum KEDA scales on)."""
         while True:
-            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+            with contextlib.suppress(*TRANSIENT):
                 info = await self.bus.js.consumer_info(self.stream, self.durable)
                 self.lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
             await asyncio.sleep(every)
@@ -248,7 +303,7 @@ class PullService(ABC):
                 msgs = await sub.fetch(1, timeout=self.fetch_timeout)
             except (TimeoutError, nats.errors.TimeoutError, nats.js.errors.FetchTimeoutError):
                 continue
-            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            except TRANSIENT as exc:
                 # NATS is restarting or unreachable: wait and fetch again; nothing is lost.
                 log.warning(f"{self.kind}.fetch_failed", error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(1.0)
@@ -257,7 +312,7 @@ class PullService(ABC):
                 self._fetching.discard(me)
             for msg in msgs:
                 if self._stopping.is_set() or (self.max_items is not None and self._taken >= self.max_items):
-                    await _quiet(msg.nak())  # fetched as we were stopping: hand it straight back
+                    await quietly(msg.nak())  # fetched as we were stopping: hand it straight back
                     continue
                 self._taken += 1
                 self._last_activity = time.monotonic()
@@ -281,36 +336,36 @@ class PullService(ABC):
         except asyncio.CancelledError:
             # Stopping: hand the message back at once so another process takes it.
             self.count("released")
-            await _quiet(msg.nak())
+            await quietly(msg.nak())
             raise
         except Exception as exc:
             self.count("crashed")
             log.exception(f"{self.kind}.handler_crashed", error=repr(exc), subject=msg.subject)
-            await _quiet(msg.nak(delay=CRASH_DELAY))
+            await quietly(msg.nak(delay=CRASH_DELAY))
         finally:
             beat.cancel()
 
     async def _heartbeat(self, msg: Msg) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            await _quiet(msg.in_progress())
+            await quietly(msg.in_progress())
 
     async def _release_prefetched(self, sub: Any) -> None:
         """Nak messages that arrived for an expired fetch after we stopped asking."""
-        queue = sub._sub._pending_queue
+        queue = prefetched(sub)
         while not queue.empty():
             msg = queue.get_nowait()
             if msg.headers and msg.headers.get("Status"):
                 continue
             if msg.reply:
-                await _quiet(msg.nak())
+                await quietly(msg.nak())
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 
 
-async def _quiet(awaitable: Any) -> None:
+async def quietly(awaitable: Any) -> None:
     """Ack-family calls during shutdown or reconnects: best effort, the server redelivers anyway."""
     try:
         await asyncio.wait_for(awaitable, 5)
-    except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError):
+    except TRANSIENT:
         pass

@@ -1,72 +1,98 @@
-"""Every stream, subject, consumer, bucket and header name busscrape uses. Nowhere else.
+"""Every stream, subject, consumer, bucket, header and message id busscrape uses. Nowhere else.
 
 The flow on the wire::
 
     dispatcher ─ create $KV.SEEN.<task_key> ─► KV_SEEN ══ sourced by the server ══► TASKS
                (atomic: first writer wins)            ($KV.SEEN.* → busscrape.tasks.*)
+    worker ─ $O.ARTIFACTS.{C,M}.… ─► OBJ_ARTIFACTS ─► ingester (claim checks)
     worker ─ busscrape.results.<task_key> ─► RESULTS ─► ingester
-    anyone ─ busscrape.deadletter.<stage>.<task_key> ─► DEADLETTER
+    anyone ─ busscrape.deadletter.<stage>.<task_key> ─► DEADLETTER ─► archivist
     server ─ $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TASKS.workers ─► TASK_ADVISORIES ─► reaper
 
 The dispatcher never publishes to TASKS itself: a task enters TASKS only because its key was
 newly created in SEEN, so "marked seen" and "queued" cannot come apart when it crashes.
+
+``Nats-Msg-Id`` values are built here too: every stream de-duplicates by them for its duplicate
+window, so two places that must agree on one (the worker and the reaper filing the same dead
+letter) take it from the same function.
 """
 
 from __future__ import annotations
 
+import base64
+
 PREFIX = "busscrape"
 
-# Streams
+# -- streams, consumers, buckets -----------------------------------------------------------
+
 TASKS_STREAM = "TASKS"
 RESULTS_STREAM = "RESULTS"
 DEADLETTER_STREAM = "DEADLETTER"
 ADVISORIES_STREAM = "TASK_ADVISORIES"
 
-# Subjects
-TASKS_SUBJECTS = f"{PREFIX}.tasks.>"
-RESULTS_SUBJECTS = f"{PREFIX}.results.>"
-DEADLETTER_SUBJECTS = f"{PREFIX}.deadletter.>"
-
-# Durable consumers
 WORKERS_CONSUMER = "workers"
 INGESTERS_CONSUMER = "ingesters"
 REAPER_CONSUMER = "reaper"
 ARCHIVIST_CONSUMER = "archivist"  # on DEADLETTER: the ingester archives every dead letter
 
-# Key-value and object-store buckets
 SEEN_BUCKET = "SEEN"
 ATTEMPTS_BUCKET = "ATTEMPTS"
 STATUS_BUCKET = "STATUS"
 ARTIFACTS_BUCKET = "ARTIFACTS"
 
-SEEN_STREAM = f"KV_{SEEN_BUCKET}"
-ATTEMPTS_STREAM = f"KV_{ATTEMPTS_BUCKET}"
-STATUS_STREAM = f"KV_{STATUS_BUCKET}"
-ARTIFACTS_STREAM = f"OBJ_{ARTIFACTS_BUCKET}"
+
+def kv_stream(bucket: str) -> str:
+    """The stream under a key-value bucket."""
+    return f"KV_{bucket}"
+
+
+def object_stream(bucket: str) -> str:
+    """The stream under an object store."""
+    return f"OBJ_{bucket}"
+
+
+SEEN_STREAM = kv_stream(SEEN_BUCKET)
+ATTEMPTS_STREAM = kv_stream(ATTEMPTS_BUCKET)
+STATUS_STREAM = kv_stream(STATUS_BUCKET)
+ARTIFACTS_STREAM = object_stream(ARTIFACTS_BUCKET)
+
+# -- what each role needs on the server (``provision.require`` checks it at start) ----------------
+
+Need = tuple[str, str]  # (kind, name) as in streams/*.toml: stream, consumer, kv, object_store
+
+DISPATCH_NEEDS: frozenset[Need] = frozenset({("kv", SEEN_BUCKET), ("stream", TASKS_STREAM)})
+WORKER_NEEDS: frozenset[Need] = frozenset({
+    ("stream", TASKS_STREAM), ("consumer", WORKERS_CONSUMER), ("stream", RESULTS_STREAM),
+    ("stream", DEADLETTER_STREAM), ("object_store", ARTIFACTS_BUCKET), ("kv", ATTEMPTS_BUCKET),
+    ("kv", STATUS_BUCKET), ("stream", ADVISORIES_STREAM), ("consumer", REAPER_CONSUMER)})
+INGESTER_NEEDS: frozenset[Need] = frozenset({
+    ("stream", RESULTS_STREAM), ("consumer", INGESTERS_CONSUMER), ("object_store", ARTIFACTS_BUCKET),
+    ("stream", DEADLETTER_STREAM), ("consumer", ARCHIVIST_CONSUMER), ("kv", STATUS_BUCKET)})
+HISTORY_NEEDS: frozenset[Need] = frozenset({("kv", STATUS_BUCKET), ("kv", SEEN_BUCKET)})
+API_NEEDS: frozenset[Need] = DISPATCH_NEEDS | HISTORY_NEEDS
+DLQ_READ_NEEDS: frozenset[Need] = frozenset({("stream", DEADLETTER_STREAM)})
+DLQ_REPLAY_NEEDS: frozenset[Need] = DLQ_READ_NEEDS | {
+    ("stream", TASKS_STREAM), ("kv", ATTEMPTS_BUCKET), ("kv", STATUS_BUCKET)}
+REQUIRED: frozenset[Need] = (
+    WORKER_NEEDS | INGESTER_NEEDS | DISPATCH_NEEDS | HISTORY_NEEDS | DLQ_REPLAY_NEEDS)
+"""Everything busscrape relies on: a definitions folder must declare all of it."""
+
+# -- subjects -------------------------------------------------------------------------------
 
 JS_API = "$JS.API"  # JetStream's API prefix (no domains here); for requests nats-py does not wrap
-
+DEADLETTER_SUBJECTS = f"{PREFIX}.deadletter.>"
 MAX_DELIVERIES_ADVISORY = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{TASKS_STREAM}.{WORKERS_CONSUMER}"
-
-# Headers
-MSG_ID = "Nats-Msg-Id"
-EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
-MSG_TTL = "Nats-TTL"
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
-SCHEMA = "Busscrape-Schema"  # message kind and version, for tools that peek without decoding
-
 DEADLETTER_STAGES = ("dispatch", "worker", "reaper", "ingester")
-
-
-def seen_key_subject(task_key: str) -> str:
-    """Where the dispatcher atomically creates a task (and so enqueues it)."""
-    return f"$KV.{SEEN_BUCKET}.{task_key}"
 
 
 def kv_subject(bucket: str, key: str) -> str:
     """The subject a key-value entry lives under (``key`` may be a wildcard such as ``<id>.>``)."""
     return f"$KV.{bucket}.{key}"
+
+
+def seen_key_subject(task_key: str) -> str:
+    """Where the dispatcher atomically creates a task (and so enqueues it)."""
+    return kv_subject(SEEN_BUCKET, task_key)
 
 
 def task_subject(task_key: str) -> str:
@@ -96,3 +122,80 @@ def deadletter_stage_of(subject: str) -> str | None:
     """The stage token of a dead letter's subject (``None`` for a subject of another shape)."""
     parts = subject.split(".")
     return parts[2] if len(parts) >= 4 and parts[:2] == [PREFIX, "deadletter"] else None
+
+
+def object_meta_subject(bucket: str, name: str) -> str:
+    """An object's (rolled-up) meta message, in NATS's own object-store layout."""
+    return f"$O.{bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+
+
+def object_metas(bucket: str) -> str:
+    """Every meta message of an object store."""
+    return f"$O.{bucket}.M.>"
+
+
+def object_name_of(meta_subject: str) -> str:
+    """The object name a meta subject stands for (the inverse of ``object_meta_subject``)."""
+    return base64.urlsafe_b64decode(meta_subject.rsplit(".", 1)[-1]).decode()
+
+
+def object_chunk_subject(bucket: str, nuid: str) -> str:
+    """Where an object's chunks are (``nuid`` may be ``>`` for every chunk subject)."""
+    return f"$O.{bucket}.C.{nuid}"
+
+
+def direct_get_subject(stream: str) -> str:
+    """JetStream's direct-get API of a stream (answered by any replica: see ``artifacts.store``)."""
+    return f"{JS_API}.DIRECT.GET.{stream}"
+
+
+def stream_info_subject(stream: str) -> str:
+    return f"{JS_API}.STREAM.INFO.{stream}"
+
+
+# -- headers --------------------------------------------------------------------------------
+
+MSG_ID = "Nats-Msg-Id"
+EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+MSG_TTL = "Nats-TTL"
+ROLLUP = "Nats-Rollup"
+TRACEPARENT = "traceparent"
+KV_OPERATION = "KV-Operation"  # DEL / PURGE on a key-value delete marker
+MARKER_REASON = "Nats-Marker-Reason"  # on the marker a per-message TTL leaves when a key expires
+
+
+# -- message ids ----------------------------------------------------------------------------
+
+
+def dispatch_msg_id(task_id: str, run_id: str) -> str:
+    """One dispatch run's create of a task. Not the bare task id: TASKS de-duplicates *sourced*
+    messages by this header for its whole window, which would swallow a ``--force`` or a short
+    recrawl after SEEN had accepted it."""
+    return f"{task_id}-{run_id}"
+
+
+def result_msg_id(task_id: str, task_seq: int) -> str:
+    """A queued task's result: every delivery of it publishes under the same id, so a redelivery
+    after a lost ack finds the first one (a duplicate) instead of storing a second."""
+    return f"result-{task_id}-{task_seq}"
+
+
+def task_letter_id(task_id: str, task_seq: int) -> str:
+    """The dead letter of one queued task (worker and reaper agree on it)."""
+    return f"dead-task-{task_id}-{task_seq}"
+
+
+def result_letter_id(task_id: str, task_seq: int, attempt: int) -> str:
+    """The dead letter of one result (a redelivery files it only once)."""
+    return f"dead-result-{task_id}-{task_seq}-{attempt}"
+
+
+def poison_letter_id(stream: str, seq: int) -> str:
+    """The dead letter of a message that could not be decoded, by where it was."""
+    return f"poison-{stream}-{seq}"
+
+
+def replay_msg_id(task_id: str, letter_seq: int) -> str:
+    """A dead-letter replay: a replay re-run after a crash between PubAck and delete lands once,
+    while replaying a task queued minutes earlier is not swallowed as a duplicate."""
+    return f"replay-{task_id}-{letter_seq}"

@@ -121,16 +121,13 @@ async def plan(js: JetStreamContext, definitions: list[Definition]) -> list[Chan
             if info is None:
                 changes.append(Change(d, "create"))
                 continue
-            desired = {k: v for k, v in d.fields.items() if k != "stream"}
-            diff = _diff(desired, info.config)
-            changes.append(_classify(d, diff, IMMUTABLE_CONSUMER))
+            changes.append(_classify(d, _diff(d.managed, info.config), IMMUTABLE_CONSUMER))
         else:
             info = await _live_stream(js, d.stream)
             if info is None:
                 changes.append(Change(d, "create"))
                 continue
-            diff = _diff(d.stream_fields(), info.config)
-            changes.append(_classify(d, diff, IMMUTABLE_STREAM))
+            changes.append(_classify(d, _diff(d.managed, info.config), IMMUTABLE_STREAM))
     return changes
 
 
@@ -199,32 +196,30 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
             await js.delete_stream(d.stream)
         change.action = "create"
     if d.kind == "consumer":
-        config = d.consumer_config()
+        config = d.create
         if change.action == "update":
-            live = (await js.consumer_info(d.stream, d.name)).config
-            config = _with_desired(live, d.consumer_config(), d.fields)
+            config = _with_desired((await js.consumer_info(d.stream, d.name)).config, d)
         await js.add_consumer(d.stream, config)
     elif change.action == "create":
         if d.kind == "kv":
-            await js.create_key_value(d.kv_config())
+            await js.create_key_value(d.create)
         elif d.kind == "object_store":
-            await js.create_object_store(d.name, config=d.object_store_config())
+            await js.create_object_store(d.name, config=d.create)
         else:
-            await js.add_stream(d.stream_config())
+            await js.add_stream(d.create)
     else:
-        live = (await js.stream_info(d.stream)).config
-        await js.update_stream(_with_desired(live, d.stream_config(), d.stream_fields()))
+        await js.update_stream(_with_desired((await js.stream_info(d.stream)).config, d))
 
 
-def _with_desired(live: Any, desired: Any, managed: dict[str, Any]) -> Any:
+def _with_desired(live: Any, d: Definition) -> Any:
     """The live config with the managed fields replaced by their desired values."""
-    return live.evolve(**{name: getattr(desired, name) for name in managed if name != "stream"})
+    return live.evolve(**{name: getattr(d.config, name) for name in d.managed})
 
 
 async def require(js: JetStreamContext, definitions: list[Definition], needed: set[tuple[str, str]]) -> None:
     """Raise ``StreamsMissing`` naming every needed stream/consumer/bucket that is absent.
 
-    ``needed`` holds ``(kind, name)`` pairs as in ``topology.REQUIRED``.
+    ``needed`` holds ``(kind, name)`` pairs, one of the ``*_NEEDS`` sets in ``names``.
     """
     missing = []
     for d in definitions:
@@ -262,7 +257,7 @@ async def show(js: JetStreamContext, definitions: list[Definition]) -> list[Live
             if info is None:
                 out.append(Live(d, False))
                 continue
-            config = {k: _normal(getattr(info.config, k, None)) for k in d.fields if k != "stream"}
+            config = {k: _normal(getattr(info.config, k, None)) for k in d.managed}
             counts = {"pending": info.num_pending or 0, "ack_pending": info.num_ack_pending or 0,
                       "redelivered": info.num_redelivered or 0, "waiting": info.num_waiting or 0}
             out.append(Live(d, True, config, counts))
@@ -271,7 +266,7 @@ async def show(js: JetStreamContext, definitions: list[Definition]) -> list[Live
             if sinfo is None:
                 out.append(Live(d, False))
                 continue
-            config = {k: _normal(getattr(sinfo.config, k, None)) for k in d.stream_fields()}
+            config = {k: _normal(getattr(sinfo.config, k, None)) for k in d.managed}
             counts = {"messages": sinfo.state.messages, "bytes": sinfo.state.bytes,
                       "consumers": sinfo.state.consumer_count}
             out.append(Live(d, True, config, counts))

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,8 +43,9 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import PubAck
-from nats.protocol.command import hpub_cmd
 
+from busscrape.bus.compat import publish_encoded
+from busscrape.bus.retry import TRANSIENT, backoff
 from busscrape.errors import RetryableError
 
 log = structlog.get_logger("busscrape.publisher")
@@ -248,7 +248,7 @@ class Publisher:
                 await self.nc.publish(pub.subject, pub.payload, reply=pub.token, headers=pub.headers)
         except nats.errors.ConnectionClosedError:
             self._finish(pub, error=PublishFailed("the NATS connection is closed", code=ABANDONED))
-        except (nats.errors.Error, OSError) as exc:
+        except TRANSIENT as exc:
             # Outbound buffer full while reconnecting, and the like: worth another try.
             self._failed_attempt(pub, PublishFailed(f"could not send: {exc or type(exc).__name__}",
                                                     code=503, retryable=True))
@@ -288,7 +288,7 @@ class Publisher:
             self._finish(pub, error=failure)
             return
         self._resting[pub.token] = pub
-        delay = min(self.backoff * 2 ** (pub.attempts - 1), self.max_backoff) * random.uniform(0.5, 1.0)
+        delay = backoff(pub.attempts, self.backoff, self.max_backoff)
         task = asyncio.create_task(self._resend(pub, delay))
         self._retrying.add(task)
         task.add_done_callback(self._retrying.discard)
@@ -328,42 +328,6 @@ class Publisher:
             for pub in overdue:
                 self._failed_attempt(pub, PublishFailed(
                     f"no PubAck within {_seconds(self.timeout)}", code=NO_ANSWER, retryable=True))
-
-
-async def publish_encoded(nc: NATS, subject: str, payload: bytes, reply: str, header_block: bytes) -> None:
-    """``nc.publish`` with an already encoded header block: the same HPUB, through the client's
-    own outbound buffer and flusher, with the same refusals (closed, draining, buffer full while
-    reconnecting, payload too large).
-
-    It reaches into nats-py (``_send_command``, ``_flush_pending`` and their buffer counters,
-    stable since 2.0); where they are missing, the block is decoded and handed to ``nc.publish``.
-    """
-    if not _ENCODED_PATH:
-        await nc.publish(subject, payload, reply=reply, headers=decode_headers(header_block))
-        return
-    if nc.is_closed:
-        raise nats.errors.ConnectionClosedError
-    if nc.is_draining_pubs:
-        raise nats.errors.ConnectionDrainingError
-    size = len(payload)
-    if not nc.is_connected and (nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size):
-        raise nats.errors.OutboundBufferLimitError
-    if size > nc.max_payload:
-        raise nats.errors.MaxPayloadError
-    nc.stats["out_msgs"] += 1
-    nc.stats["out_bytes"] += size
-    await nc._send_command(hpub_cmd(subject, reply, header_block, payload))
-    if nc._flush_queue is not None and nc._flush_queue.empty():
-        await nc._flush_pending()
-
-
-_ENCODED_PATH = all(hasattr(NATS, name) for name in ("_send_command", "_flush_pending"))
-
-
-def decode_headers(header_block: bytes) -> dict[str, str]:
-    """The dict an encoded header block stands for."""
-    lines = header_block.decode().split("\r\n")[1:]
-    return dict(line.split(": ", 1) for line in lines if line)
 
 
 def _seconds(value: float) -> str:

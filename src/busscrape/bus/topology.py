@@ -46,29 +46,27 @@ _OBJ_TO_STREAM = {"ttl": "max_age", "max_bytes": "max_bytes", "storage": "storag
 _STREAM_FIELDS = {f.name for f in dataclasses.fields(api.StreamConfig)}
 _CONSUMER_FIELDS = {f.name for f in dataclasses.fields(api.ConsumerConfig)}
 
-# Names every busscrape service relies on; a definitions folder must declare them.
-REQUIRED = {
-    ("kv", names.SEEN_BUCKET), ("kv", names.ATTEMPTS_BUCKET), ("kv", names.STATUS_BUCKET),
-    ("object_store", names.ARTIFACTS_BUCKET),
-    ("stream", names.TASKS_STREAM), ("stream", names.RESULTS_STREAM),
-    ("stream", names.DEADLETTER_STREAM), ("stream", names.ADVISORIES_STREAM),
-    ("consumer", names.WORKERS_CONSUMER), ("consumer", names.INGESTERS_CONSUMER),
-    ("consumer", names.REAPER_CONSUMER), ("consumer", names.ARCHIVIST_CONSUMER),
-}
-
-
 @dataclass(frozen=True)
 class Definition:
-    """One rendered definition: what ``streams apply`` makes the server hold."""
+    """One rendered definition: what ``streams apply`` makes the server hold, ready for the
+    planner (``provision``), which compares ``managed`` with the live configuration, creates with
+    ``create`` and updates the managed fields from ``config``. All three are built once, here."""
 
     kind: Kind
     name: str
     """Stream name, consumer durable name, or bucket name."""
     file: Path
     fields: dict[str, Any]
-    """Rendered values in JetStream's field names (seconds, bytes, plain strings)."""
+    """Rendered values in JetStream's field names (seconds, bytes, plain strings), as the file has them."""
     stream: str
     """The stream it is (or underlies it), or for a consumer the stream it reads."""
+    managed: dict[str, Any]
+    """The fields this definition manages, named as the live configuration names them (a bucket's
+    translated to the stream underneath); everything else is left as the server has it."""
+    config: api.StreamConfig | api.ConsumerConfig
+    """The desired configuration in the live configuration's terms (enums, sources as objects)."""
+    create: api.StreamConfig | api.ConsumerConfig | api.KeyValueConfig | api.ObjectStoreConfig
+    """What creating it sends (a bucket through its own API, which adds the bucket's conventions)."""
 
     @property
     def label(self) -> str:
@@ -76,44 +74,36 @@ class Definition:
             return f"consumer {self.stream}/{self.name}"
         return {"stream": "stream", "kv": "kv bucket", "object_store": "object store"}[self.kind] + f" {self.name}"
 
-    def stream_fields(self) -> dict[str, Any]:
-        """The managed fields as stream fields (for kv and object stores, translated)."""
-        if self.kind == "stream":
-            return {k: v for k, v in self.fields.items() if k != "name"}
-        mapping = _KV_TO_STREAM if self.kind == "kv" else _OBJ_TO_STREAM
-        return {mapping[k]: v for k, v in self.fields.items() if k in mapping}
 
-    def stream_config(self) -> api.StreamConfig:
-        fields = dict(self.stream_fields())
-        if "sources" in fields:
-            fields["sources"] = [_source(s) for s in fields["sources"]]
-        for key, enum in (("retention", api.RetentionPolicy), ("storage", api.StorageType),
-                          ("discard", api.DiscardPolicy)):
-            if key in fields:
-                fields[key] = enum(fields[key])
-        return api.StreamConfig(name=self.stream, **fields)
+def _definition(kind: Kind, name: str, file: Path, fields: dict[str, Any], stream: str) -> Definition:
+    if kind == "consumer":
+        managed = {k: v for k, v in fields.items() if k != "stream"}
+        config: Any = api.ConsumerConfig(**_enums(managed, _CONSUMER_ENUMS))
+        return Definition(kind, name, file, fields, stream, managed, config, config)
+    if kind == "stream":
+        managed = {k: v for k, v in fields.items() if k != "name"}
+    else:
+        mapping = _KV_TO_STREAM if kind == "kv" else _OBJ_TO_STREAM
+        managed = {mapping[k]: v for k, v in fields.items() if k in mapping}
+    desired = _enums(managed, _STREAM_ENUMS)
+    if "sources" in desired:
+        desired["sources"] = [_source(s) for s in desired["sources"]]
+    config = api.StreamConfig(name=stream, **desired)
+    bucket = _enums({k: v for k, v in fields.items() if k != "bucket"}, {"storage": api.StorageType})
+    create: Any = config
+    if kind == "kv":
+        create = api.KeyValueConfig(bucket=name, **bucket)
+    elif kind == "object_store":
+        create = api.ObjectStoreConfig(bucket=name, **bucket)
+    return Definition(kind, name, file, fields, stream, managed, config, create)
 
-    def consumer_config(self) -> api.ConsumerConfig:
-        fields = {k: v for k, v in self.fields.items() if k != "stream"}
-        for key, enum in (("ack_policy", api.AckPolicy), ("deliver_policy", api.DeliverPolicy),
-                          ("replay_policy", api.ReplayPolicy)):
-            if key in fields:
-                fields[key] = enum(fields[key])
-        return api.ConsumerConfig(**fields)
 
-    def kv_config(self) -> api.KeyValueConfig:
-        fields = dict(self.fields)
-        fields.pop("bucket", None)
-        if "storage" in fields:
-            fields["storage"] = api.StorageType(fields["storage"])
-        return api.KeyValueConfig(bucket=self.name, **fields)
+_STREAM_ENUMS = {"retention": api.RetentionPolicy, "storage": api.StorageType, "discard": api.DiscardPolicy}
+_CONSUMER_ENUMS = {"ack_policy": api.AckPolicy, "deliver_policy": api.DeliverPolicy, "replay_policy": api.ReplayPolicy}
 
-    def object_store_config(self) -> api.ObjectStoreConfig:
-        fields = dict(self.fields)
-        fields.pop("bucket", None)
-        if "storage" in fields:
-            fields["storage"] = api.StorageType(fields["storage"])
-        return api.ObjectStoreConfig(bucket=self.name, **fields)
+
+def _enums(fields: dict[str, Any], enums: dict[str, type[Enum]]) -> dict[str, Any]:
+    return {k: enums[k](v) if k in enums else v for k, v in fields.items()}
 
 
 def _source(spec: dict[str, Any]) -> api.StreamSource:
@@ -147,7 +137,7 @@ def load(settings: Settings, folder: Path | None = None) -> list[Definition]:
         if key in seen:
             raise ConfigurationError(f"{d.file}: {d.label} is also defined in {seen[key]}")
         seen[key] = d.file
-    missing = REQUIRED - {(d.kind, d.name) for d in defs}
+    missing = names.REQUIRED - {(d.kind, d.name) for d in defs}
     if missing:
         listed = ", ".join(f"{k} {n}" for k, n in sorted(missing))
         raise ConfigurationError(f"{folder} lacks definitions busscrape needs: {listed}")
@@ -167,17 +157,17 @@ def _load_file(path: Path, settings: Settings) -> Definition:
     if kind == "stream":
         _check_keys(path, fields, _STREAM_FIELDS)
         name = _required(path, fields, "name")
-        return Definition("stream", name, path, fields, stream=name)
+        return _definition("stream", name, path, fields, stream=name)
     if kind == "consumer":
         _check_keys(path, fields, _CONSUMER_FIELDS | {"stream"})
         stream = _required(path, fields, "stream")
         name = _required(path, fields, "durable_name")
-        return Definition("consumer", name, path, fields, stream=stream)
+        return _definition("consumer", name, path, fields, stream=stream)
     allowed = set(_KV_TO_STREAM if kind == "kv" else _OBJ_TO_STREAM) | {"bucket"}
     _check_keys(path, fields, allowed)
     bucket = _required(path, fields, "bucket")
-    prefix = "KV_" if kind == "kv" else "OBJ_"
-    return Definition(kind, bucket, path, fields, stream=prefix + bucket)
+    stream = names.kv_stream(bucket) if kind == "kv" else names.object_stream(bucket)
+    return _definition(kind, bucket, path, fields, stream=stream)
 
 
 def _required(path: Path, fields: dict[str, Any], key: str) -> str:

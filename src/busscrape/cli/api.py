@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from busscrape.api.server import ApiServer
-from busscrape.bus.connection import Bus
 from busscrape.cli.app import app, run, serve, settings
-from busscrape.settings import Settings
+
+if TYPE_CHECKING:
+    from busscrape.settings import Settings
+
 
 HELP = """Serve the HTTP API: POST /tasks (queue URLs as dispatch does), GET /tasks/{id} and
 GET /tasks?url= (a task's history), GET /search?q= (the archive's full-text index), GET /healthz,
@@ -33,5 +36,8 @@ def api_cmd(
 
 
 async def _serve(s: Settings) -> int:
+    from busscrape.api.server import ApiServer
+    from busscrape.bus.connection import Bus
+
     async with await Bus.connect(s, name="busscrape-api") as bus:
         return await serve(ApiServer(bus, s))

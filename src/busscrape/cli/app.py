@@ -1,22 +1,24 @@
-"""The Typer application, shared options and the error-to-exit-code mapping."""
+"""The Typer application, shared options and the error-to-exit-code mapping.
+
+Every command module imports only this, typer and the standard library at the top, and what its
+command needs inside the command: ``busscrape --help`` and ``busscrape <command> --help`` then
+load no settings, no NATS client and no browser (``bench/cli_startup.py`` measures it).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
-import sys
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from rich.console import Console
 
 from busscrape import __version__
 from busscrape.errors import EXIT_INTERRUPTED, ConfigurationError
-from busscrape.settings import Settings
-from busscrape.telemetry import logs
-from busscrape.telemetry.health import HealthServer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from busscrape.settings import Settings
 
 EPILOG = (
     "Exit codes: 0 ok; 1 partial (rejected input under --strict, failed publishes, dead letters); "
@@ -34,14 +36,33 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+
+class _Lazy:
+    """A rich ``Console`` made on first use (rich costs a tenth of a second to import)."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False)
+        return getattr(self._console, name)
+
+
+err: Console = _Lazy(stderr=True)  # type: ignore[assignment]
+out: Console = _Lazy(stderr=False)  # type: ignore[assignment]
 
 T = TypeVar("T")
 
 
 def settings(**sections: dict[str, Any]) -> Settings:
     """Settings from the environment with the given CLI flags on top; logging configured."""
+    from busscrape.settings import Settings
+    from busscrape.telemetry import logs
+
     try:
         base = Settings()
         result = base.with_overrides(**sections) if sections else base
@@ -58,6 +79,12 @@ async def serve(service: Any) -> Any:
     When the service has telemetry and ``BUSSCRAPE_TELEMETRY__HTTP_PORT`` is set, its
     ``/healthz``, ``/readyz`` and ``/metrics`` are served for as long as it runs.
     """
+    import asyncio
+    import contextlib
+    import signal
+
+    from busscrape.telemetry.health import HealthServer
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
@@ -79,6 +106,8 @@ async def serve(service: Any) -> Any:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; configuration errors become their exit code and a message."""
+    import asyncio
+
     try:
         return asyncio.run(coro)
     except ConfigurationError as exc:
@@ -93,43 +122,6 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def version() -> None:
     """Print the busscrape version."""
     out.print(__version__)
-
-
-@app.command("config")
-def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-                markdown: bool = typer.Option(False, "--markdown", help="Print every setting with its default "
-                                              "and meaning as a Markdown table (the README's).")) -> None:
-    """Print the effective settings (secrets masked) and where each can be set."""
-    if markdown:
-        from busscrape.settings import reference_markdown
-
-        sys.stdout.write(reference_markdown())
-        return
-    s = settings()
-    data = s.model_dump(mode="json")
-    if as_json:
-        import orjson
-
-        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
-        return
-    from rich.table import Table
-
-    table = Table("variable", "value", "meaning", show_lines=False)
-    for name, field in Settings.model_fields.items():
-        value = data[name]
-        if isinstance(value, dict):
-            section = getattr(Settings.model_fields[name].annotation, "model_fields", {})
-            for sub, subfield in section.items():
-                table.add_row(f"BUSSCRAPE_{name.upper()}__{sub.upper()}", _short(value[sub]),
-                              (subfield.description or "").split("\n")[0])
-        else:
-            table.add_row(f"BUSSCRAPE_{name.upper()}", _short(value), field.description or "")
-    out.print(table)
-
-
-def _short(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def main() -> None:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.syntax import Syntax
-from rich.tree import Tree
 
 from busscrape.cli.app import app, err, out, run, settings
-from busscrape.cli.run import execute, how_to_look, quiet_logs, summary_table
 from busscrape.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
-from busscrape.ops.demo_site import DEMO_PATHS, DemoSite
-from busscrape.ops.runner import RunOptions, RunSummary
+
+if TYPE_CHECKING:
+    from rich.tree import Tree
+
+    from busscrape.ops.runner import RunSummary
+
 
 EXPECTED_DEAD = {"/missing.html": "http_404"}
 
@@ -30,6 +32,10 @@ def demo_cmd(
     JavaScript-rendered, slow, images, a redirect, an index and a broken link); ends with the
     archive tree and one meta.json. The broken link is dead-lettered with its reason, as it should.
     """
+    from rich.syntax import Syntax
+
+    from busscrape.cli.run import how_to_look, quiet_logs, summary_table
+
     s = settings(archive={"dir": archive}, telemetry={"log_level": quiet_logs()})
     if s.nats.url:
         err.print("[yellow]note:[/] busscrape demo always uses its own embedded nats-server; "
@@ -46,6 +52,10 @@ def demo_cmd(
 
 
 async def _demo(s, workers: int) -> tuple[RunSummary, str]:  # type: ignore[no-untyped-def]
+    from busscrape.cli.run import execute
+    from busscrape.ops.demo_site import DemoSite
+    from busscrape.ops.runner import RunOptions
+
     async with DemoSite() as site:
         # Open exactly the demo's origin to the browser: everything else stays refused.
         s = s.model_copy(update={"nats": s.nats.model_copy(update={"url": None}),
@@ -65,6 +75,8 @@ def _folders(summary: RunSummary, origin: str) -> list[Path]:
 
 
 def _tree(summary: RunSummary, origin: str) -> Tree:
+    from rich.tree import Tree
+
     root = Path(summary.archive)
     tree = Tree(f"[bold]{root}[/]")
     for folder in _folders(summary, origin):
@@ -83,6 +95,8 @@ def _one_meta(summary: RunSummary, origin: str) -> Path | None:
 
 
 def _verdict(summary: RunSummary) -> int:
+    from busscrape.ops.demo_site import DEMO_PATHS
+
     if summary.interrupted:
         return EXIT_INTERRUPTED
     expected_archived = len(DEMO_PATHS) - len(EXPECTED_DEAD)

@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import orjson
 import typer
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from busscrape.bus.connection import Bus
 from busscrape.cli import options
 from busscrape.cli.app import app, err, out, run, settings
-from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
-from busscrape.dispatch.inputs import Rejection, TaskDefaults
-from busscrape.settings import Settings
-from busscrape.telemetry import logs
-from busscrape.telemetry.metrics import configure_tracing
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
+    from busscrape.dispatch.inputs import Rejection, TaskDefaults
+    from busscrape.settings import Settings
+
 
 HELP = """Validate, normalise and de-duplicate every URL in INPUT, and queue one task per new URL.
 
@@ -69,6 +67,8 @@ def dispatch_cmd(
                                          "on a terminal)."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
 ) -> None:
+    import orjson
+
     if fmt not in ("auto", "urls", "jsonl"):
         options.usage(f"--format must be auto, urls or jsonl, not {fmt!r}")
     s = settings(nats={"url": nats_url}, dispatch={
@@ -91,6 +91,15 @@ def dispatch_cmd(
 
 async def _dispatch(s: Settings, defaults: TaskDefaults, source: str, fmt: Any, force: bool,
                     rejects: IO[bytes] | None, show_progress: bool) -> DispatchSummary:
+    import asyncio
+    import signal
+
+    import orjson
+
+    from busscrape.bus.connection import Bus
+    from busscrape.dispatch.dispatcher import Dispatcher
+    from busscrape.telemetry.metrics import configure_tracing
+
     def rejected(rejection: Rejection) -> None:
         if rejects is not None:
             rejects.write(orjson.dumps(rejection.as_dict()) + b"\n")
@@ -119,6 +128,10 @@ async def _dispatch(s: Settings, defaults: TaskDefaults, source: str, fmt: Any, 
 @contextlib.contextmanager
 def _live(s: Settings) -> Iterator[Progress]:
     """A progress bar on stderr; log lines (rejections …) scroll above it instead of tearing it."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    from busscrape.telemetry import logs
+
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[counts]}"), console=err, redirect_stderr=True, transient=False)
     bar.add_task("dispatch", total=None, counts="")
@@ -133,6 +146,8 @@ def _live(s: Settings) -> Iterator[Progress]:
 
 
 async def _tick(bar: Progress, dispatcher: Dispatcher) -> None:
+    import asyncio
+
     previous, last = 0, asyncio.get_running_loop().time()
     while True:
         await asyncio.sleep(0.25)
@@ -151,6 +166,8 @@ def _show(bar: Progress, dispatcher: Dispatcher, rate: float | None = None) -> N
 
 
 def _table(summary: DispatchSummary) -> Table:
+    from rich.table import Table
+
     table = Table("", "lines", title="dispatch" + (" (interrupted)" if summary.interrupted else ""),
                   title_justify="left")
     table.add_row("read", f"{summary.read:,}")

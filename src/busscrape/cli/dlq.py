@@ -7,22 +7,17 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import orjson
 import typer
-from rich.json import JSON
-from rich.table import Table
-from rich.text import Text
 
-from busscrape.bus import names, provision, topology
-from busscrape.bus.connection import Bus
 from busscrape.cli.app import app, err, out, run, settings
-from busscrape.cli.options import usage
-from busscrape.deadletters.queue import DeadLetterQueue, Entry, LetterFilter, Outcome
 from busscrape.errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL
-from busscrape.model.messages import utcnow
-from busscrape.settings import Settings
-from busscrape.units import parse_duration
+
+if TYPE_CHECKING:
+    from busscrape.deadletters.queue import DeadLetterQueue, Entry, LetterFilter, Outcome
+    from busscrape.settings import Settings
+
 
 group = typer.Typer(help="List, show, replay and purge dead letters (DEADLETTER).", no_args_is_help=True)
 app.add_typer(group, name="dlq")
@@ -46,6 +41,10 @@ NOTHING_SELECTED = ("say which letters: SEQ..., a filter (--reason, --host, --st
 
 def _filter(reason: list[str], host: list[str], stage: list[str], older_than: str | None, newer_than: str | None,
             limit: int | None) -> LetterFilter:
+    from busscrape.cli.options import usage
+    from busscrape.deadletters.queue import LetterFilter
+    from busscrape.units import parse_duration
+
     try:
         return LetterFilter(reasons=tuple(reason), hosts=tuple(host), stages=tuple(stage),
                             older_than=parse_duration(older_than) if older_than else None,
@@ -54,15 +53,17 @@ def _filter(reason: list[str], host: list[str], stage: list[str], older_than: st
         usage(str(exc))
 
 
-READS = {("stream", names.DEADLETTER_STREAM)}
 # A replay writes to TASKS, ATTEMPTS and STATUS: better exit 2 with the fix than fail every letter.
-REPLAYS = READS | {("stream", names.TASKS_STREAM), ("kv", names.ATTEMPTS_BUCKET), ("kv", names.STATUS_BUCKET)}
 
 
 @contextlib.asynccontextmanager
-async def _queue(s: Settings, needs: set[tuple[str, str]] = READS) -> AsyncIterator[DeadLetterQueue]:
+async def _queue(s: Settings, needs: frozenset[tuple[str, str]] | None = None) -> AsyncIterator[DeadLetterQueue]:
+    from busscrape.bus import names, provision, topology
+    from busscrape.bus.connection import Bus
+    from busscrape.deadletters.queue import DeadLetterQueue
+
     async with await Bus.connect(s, name="busscrape-dlq") as bus:
-        await provision.require(bus.js, topology.load(s), needs)
+        await provision.require(bus.js, topology.load(s), needs or names.DLQ_READ_NEEDS)
         yield DeadLetterQueue(bus.js, request_timeout=s.nats.request_timeout)
 
 
@@ -80,6 +81,11 @@ def list_cmd(reason: list[str] = REASON, host: list[str] = HOST, stage: list[str
              as_json: bool = typer.Option(False, "--json", help="One JSON object per letter (JSON lines)."),
              nats_url: str | None = NATS_URL) -> None:
     """List dead letters, oldest first: seq, age, stage, reason, host, url, attempts."""
+    import orjson
+    from rich.table import Table
+
+    from busscrape.model.messages import utcnow
+
     flt = _filter(reason, host, stage, older_than, newer_than, limit)
     s = settings(nats={"url": nats_url})
 
@@ -110,6 +116,11 @@ def list_cmd(reason: list[str] = REASON, host: list[str] = HOST, stage: list[str
 def show_cmd(seq: int = typer.Argument(..., metavar="SEQ", help="The letter's DEADLETTER sequence."),
              as_json: bool = JSON_OUT, nats_url: str | None = NATS_URL) -> None:
     """Print one dead letter whole: reason, error, attempt history, and the task (or result, or payload)."""
+    import orjson
+
+    from busscrape.deadletters.queue import LetterFilter
+    from busscrape.model.messages import utcnow
+
     s = settings(nats={"url": nats_url})
     [(_, entry)] = run(_selected(s, [seq], LetterFilter()))
     if entry is None:
@@ -122,6 +133,11 @@ def show_cmd(seq: int = typer.Argument(..., metavar="SEQ", help="The letter's DE
 
 
 def _show(e: Entry, now: datetime) -> None:
+    import orjson
+    from rich.json import JSON
+    from rich.table import Table
+    from rich.text import Text
+
     facts = Table.grid(padding=(0, 2))
     facts.add_row("seq", f"{e.seq}  [dim]({e.subject})[/]")
     facts.add_row("stage", e.stage)
@@ -172,6 +188,10 @@ def replay_cmd(seqs: list[int] | None = SEQS, reason: list[str] = REASON, host: 
     Letters without a task (poison messages; ingester letters, which carry the result) are
     skipped with the reason. Exit 1 if any selected letter could not be replayed.
     """
+    from busscrape.bus import names
+    from busscrape.cli.options import usage
+    from busscrape.deadletters.queue import Outcome
+
     flt = _filter(reason, host, stage, older_than, newer_than, limit)
     if not (seqs or flt.narrows or all_letters):
         usage(NOTHING_SELECTED)
@@ -179,7 +199,7 @@ def replay_cmd(seqs: list[int] | None = SEQS, reason: list[str] = REASON, host: 
 
     async def go() -> list[Outcome]:
         outcomes = []
-        async with _queue(s, REPLAYS) as dlq, contextlib.aclosing(dlq.select(seqs or [], flt)) as found:
+        async with _queue(s, names.DLQ_REPLAY_NEEDS) as dlq, contextlib.aclosing(dlq.select(seqs or [], flt)) as found:
             async for seq, entry in found:
                 outcome = (Outcome(seq, "missing", "no dead letter at this sequence") if entry is None
                            else await dlq.replay(entry, dry_run=dry_run))
@@ -203,6 +223,9 @@ def purge_cmd(seqs: list[int] | None = SEQS, reason: list[str] = REASON, host: l
               dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be deleted; change nothing."),
               as_json: bool = JSON_OUT, nats_url: str | None = NATS_URL) -> None:
     """Delete the selected letters for good, after a y/N question (or --yes)."""
+    from busscrape.cli.options import usage
+    from busscrape.deadletters.queue import Outcome
+
     flt = _filter(reason, host, stage, older_than, newer_than, limit)
     if not (seqs or flt.narrows or all_letters):
         usage(NOTHING_SELECTED)
@@ -239,6 +262,8 @@ _STYLE = {"replayed": "green", "deleted": "green", "would_replay": "cyan", "woul
 
 
 def _report(o: Outcome) -> None:
+    from rich.text import Text
+
     e = o.entry
     what = f"{e.stage}/{e.reason}  {e.url or e.task_id or ''}" if e is not None else ""
     where = f" -> TASKS seq {o.task_seq}" if o.task_seq is not None else ""
@@ -249,6 +274,8 @@ def _report(o: Outcome) -> None:
 
 
 def _summary(outcomes: list[Outcome], counts: Counter[str], as_json: bool, *, dry_run: bool) -> None:
+    import orjson
+
     if as_json:
         doc = {"dry_run": dry_run, "counts": dict(counts), "letters": [o.as_dict() for o in outcomes]}
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")
@@ -260,6 +287,10 @@ def _summary(outcomes: list[Outcome], counts: Counter[str], as_json: bool, *, dr
 
 
 def _preview(entries: list[Entry], shown: int = 20) -> None:
+    from rich.table import Table
+
+    from busscrape.model.messages import utcnow
+
     now = utcnow()
     table = Table("seq", "age", "stage", "reason", "url", title="to delete", title_justify="left")
     for e in entries[:shown]:

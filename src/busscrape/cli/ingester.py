@@ -4,19 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import structlog
 import typer
 
-from busscrape.archive.storage.local import open_storage
-from busscrape.bus.connection import Bus
 from busscrape.cli.app import app, run, serve, settings
 from busscrape.errors import EXIT_OK, EXIT_PARTIAL
-from busscrape.ingest.daemon import Ingester
-from busscrape.settings import Settings
-from busscrape.telemetry.metrics import Telemetry, configure_tracing
 
-log = structlog.get_logger("busscrape.cli")
+if TYPE_CHECKING:
+    from busscrape.settings import Settings
 
 
 @app.command("ingester")
@@ -35,10 +31,12 @@ def ingester_cmd(
     Runs until SIGTERM/SIGINT: the first drains (in-flight results finish within the grace
     period), the second stops now. Exit code 1 when a result was dead-lettered in a bounded run.
     """
+    import structlog
+
     s = settings(nats={"url": nats_url}, archive={"dir": _folder(archive)},
                  ingester={"concurrency": concurrency, "max_results": max_results, "exit_when_idle": exit_when_idle})
     counters = run(ingest(s, archive_dir=_folder(archive)))
-    log.info("ingester.summary", **dict(sorted(counters.items())))
+    structlog.get_logger("busscrape.cli").info("ingester.summary", **dict(sorted(counters.items())))
     bounded = max_results is not None or exit_when_idle is not None
     gave_up = counters["dead_lettered"] + counters["malformed"]
     raise typer.Exit(EXIT_PARTIAL if bounded and gave_up else EXIT_OK)
@@ -50,8 +48,16 @@ def _folder(archive: str | None) -> Path | None:
 
 async def ingest(s: Settings, *, archive_dir: Path | None = None) -> Counter[str]:
     """Connect, open the storage (checked and created at start), run an ingester until it stops."""
+    import structlog
+
+    from busscrape.archive.storage import open_storage
+    from busscrape.bus.connection import Bus
+    from busscrape.ingest.daemon import Ingester
+    from busscrape.telemetry.metrics import Telemetry, configure_tracing
+
     storage = open_storage(s, archive_dir)
     async with await Bus.connect(s, name=f"busscrape-ingester-{s.ingester.name}") as bus, storage:
-        log.info("ingester.archive", storage=storage.url, prefix=s.archive.prefix, compress=s.archive.compress)
+        structlog.get_logger("busscrape.cli").info("ingester.archive", storage=storage.url, prefix=s.archive.prefix,
+                                                   compress=s.archive.compress)
         configure_tracing("ingester")
         return await serve(Ingester(bus, storage, s, Telemetry("ingester")))

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from pydantic import TypeAdapter, ValidationError
 
 from busscrape.cli.app import err
-from busscrape.dispatch.inputs import TaskDefaults
 from busscrape.errors import EXIT_CONFIG
-from busscrape.model.messages import TaskOptions, describe_validation_error
-from busscrape.model.steps import Step
 
-_STEPS = TypeAdapter(tuple[Step, ...])
+if TYPE_CHECKING:
+    from busscrape.dispatch.inputs import TaskDefaults
+    from busscrape.model.messages import TaskOptions
+    from busscrape.model.steps import Step
 
 
 def task_defaults(*, steps: str | None = None, artifacts: str | None = None, label: list[str] | None = None,
@@ -23,6 +22,8 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
                   timeout: str | None = None, viewport: str | None = None, block: str | None = None,
                   user_agent: str | None = None, header: list[str] | None = None) -> TaskDefaults:
     """The task defaults the command-line flags describe (exit 2 with the reason when invalid)."""
+    from busscrape.dispatch.inputs import TaskDefaults
+
     return TaskDefaults(
         steps=parse_steps(steps) if steps else (),
         options=build_options(artifacts=csv(artifacts), screenshot=screenshot(screenshot_format, jpeg_quality,
@@ -68,6 +69,10 @@ def screenshot(fmt: str | None, quality: int | None, full_page: bool | None) -> 
 
 
 def build_options(**given: Any) -> TaskOptions:
+    from pydantic import ValidationError
+
+    from busscrape.model.messages import TaskOptions, describe_validation_error
+
     try:
         return TaskOptions.model_validate({k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
@@ -75,6 +80,11 @@ def build_options(**given: Any) -> TaskOptions:
 
 
 def parse_steps(value: str) -> tuple[Step, ...]:
+    from pydantic import TypeAdapter, ValidationError
+
+    from busscrape.model.messages import describe_validation_error
+    from busscrape.model.steps import Step
+
     text = value
     if value.startswith("@"):
         try:
@@ -82,6 +92,6 @@ def parse_steps(value: str) -> tuple[Step, ...]:
         except OSError as exc:
             usage(f"--steps {value}: {exc.strerror or exc}")
     try:
-        return _STEPS.validate_json(text)
+        return TypeAdapter(tuple[Step, ...]).validate_json(text)
     except ValidationError as exc:
         usage(f"--steps: {describe_validation_error(exc)}")

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from busscrape.cli import options
 from busscrape.cli.app import app, err, out, run, settings
-from busscrape.dispatch.dispatcher import DispatchSummary
 from busscrape.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
-from busscrape.ops.runner import Runner, RunOptions, RunSummary
-from busscrape.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from busscrape.dispatch.dispatcher import DispatchSummary
+    from busscrape.ops.runner import RunOptions, RunSummary
+    from busscrape.settings import Settings
+
 
 HELP = """Run the whole pipeline on INPUT and wait until every task is archived or dead-lettered.
 
@@ -54,6 +55,8 @@ def run_cmd(
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if any input line was rejected."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
 ) -> None:
+    from busscrape.ops.runner import RunOptions
+
     base = settings()
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
                  archive={"dir": archive}, dispatch={"recrawl_after": recrawl_after},
@@ -77,6 +80,11 @@ def quiet_logs() -> str | None:
 
 async def execute(s: Settings, opts: RunOptions) -> RunSummary:
     """Run with live progress and Ctrl-C handling (first: stop cleanly, second: at once)."""
+    import asyncio
+    import signal
+
+    from busscrape.ops.runner import Runner
+
     display = ProgressDisplay()
     runner = Runner(s, opts, progress=display.update)
     loop = asyncio.get_running_loop()
@@ -94,6 +102,9 @@ class ProgressDisplay:
     """One live line on a terminal; otherwise a plain line every few seconds."""
 
     def __init__(self) -> None:
+        from rich.live import Live
+        from rich.text import Text
+
         self.live = Live(Text("starting…"), console=err, refresh_per_second=4, transient=False) \
             if err.is_terminal else None
         self._last_print = 0.0
@@ -109,6 +120,8 @@ class ProgressDisplay:
             self.live.__exit__(*exc)
 
     def update(self, counts: Counter[str], dispatch: DispatchSummary | None, elapsed: float) -> None:
+        from rich.text import Text
+
         now = time.monotonic()
         archived = counts.get("archived", 0)
         self._archived = [(t, n) for t, n in self._archived if now - t <= 10] + [(now, archived)]
@@ -126,6 +139,8 @@ class ProgressDisplay:
 
 
 def summary_table(summary: RunSummary) -> Table:
+    from rich.table import Table
+
     title = "run" + (" (interrupted: run the same command again to resume)" if summary.interrupted else "")
     table = Table("", "tasks", title=title, title_justify="left")
     d = summary.dispatch

@@ -4,28 +4,23 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import orjson
 import typer
-from rich.console import Group
-from rich.text import Text
 
-from busscrape.archive.storage.local import open_storage
 from busscrape.cli.app import app, err, out, run, settings
-from busscrape.cli.options import usage
 from busscrape.errors import EXIT_CONFIG, EXIT_OK
-from busscrape.search.feed import reindex
-from busscrape.search.index import (
-    MARK_END,
-    MARK_START,
-    InvalidQuery,
-    SearchHit,
-    SearchQuery,
-    SearchUnavailable,
-    open_index,
-    parse_since,
-)
-from busscrape.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.console import Group
+    from rich.text import Text
+
+    from busscrape.search.index import (
+        SearchHit,
+        SearchQuery,
+    )
+    from busscrape.settings import Settings
+
 
 HELP = """Search the visible text, titles and URLs of every archived page; best matches first.
 
@@ -50,6 +45,11 @@ def search_cmd(
     archive: str | None = typer.Option(None, "--archive", metavar="DIR", help="With --reindex: read this local "
                                        "folder (default: the configured archive)."),
 ) -> None:
+    import orjson
+
+    from busscrape.cli.options import usage
+    from busscrape.search.index import InvalidQuery, SearchQuery, SearchUnavailable, parse_since
+
     s = settings()
     if reindex_all:
         count = run(_reindex(s, Path(archive) if archive else None))
@@ -76,17 +76,26 @@ def search_cmd(
 
 
 async def _search(s: Settings, query: SearchQuery) -> tuple[str, list[SearchHit]]:
+    from busscrape.search import open_index
+
     async with open_index(s) as index:
         return index.backend, await index.search(query)
 
 
 async def _reindex(s: Settings, archive_dir: Path | None) -> int:
+    from busscrape.archive.storage import open_storage
+    from busscrape.search import open_index
+    from busscrape.search.feed import reindex
+
     async with open_storage(s, archive_dir) as storage, open_index(s) as index:
         return await reindex(storage, index, limit=s.search.max_text_bytes, prefix=s.archive.prefix)
 
 
 def render(rank: int, hit: SearchHit) -> Group:
     """One result: title, URL, date and archive folder, then the snippet with the matches marked."""
+    from rich.console import Group
+    from rich.text import Text
+
     title = Text.assemble((f"{rank}. ", "dim"), (hit.title or "(no title)", "bold"), (f"  {hit.score:.3g}", "dim"))
     where = Text.assemble(("   ", ""), (hit.url, "cyan"))
     when = Text(f"   {hit.scraped_at:%Y-%m-%d %H:%M} UTC · {hit.archive_key}", style="dim")
@@ -95,6 +104,10 @@ def render(rank: int, hit: SearchHit) -> Group:
 
 def highlighted(snippet: str) -> Text:
     """The snippet with each ⟦match⟧ shown in bold yellow, without the brackets."""
+    from rich.text import Text
+
+    from busscrape.search.index import MARK_END, MARK_START
+
     text = Text("   ")
     rest = " ".join(snippet.split())
     while MARK_START in rest:

@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
 import typer
-from rich.console import Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
-from busscrape.bus import provision, topology
-from busscrape.bus.connection import Bus
 from busscrape.cli.app import app, out, run, settings
-from busscrape.cli.options import usage
 from busscrape.errors import EXIT_OK
-from busscrape.ops.overview import Overview
-from busscrape.settings import Settings
-from busscrape.units import parse_duration
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from rich.console import Group
+
+    from busscrape.settings import Settings
+
 
 HELP = """Show streams, consumers, buckets, dead letters, the workers' lag and rates at a glance.
 
@@ -49,6 +44,9 @@ def status_cmd(
                                            help="NATS monitoring endpoint, e.g. http://nats:8222 (default: "
                                                 "BUSSCRAPE_NATS__MONITOR_URL)."),
 ) -> None:
+    from busscrape.cli.options import usage
+    from busscrape.units import parse_duration
+
     try:
         every = max(parse_duration(interval), 0.2)
     except ValueError as exc:
@@ -58,6 +56,13 @@ def status_cmd(
 
 
 async def _status(s: Settings, *, watch: bool, every: float, as_json: bool) -> int:
+    import asyncio
+    import signal
+
+    from busscrape.bus import names, provision, topology
+    from busscrape.bus.connection import Bus
+    from busscrape.ops.overview import Overview
+
     definitions = topology.load(s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -66,7 +71,7 @@ async def _status(s: Settings, *, watch: bool, every: float, as_json: bool) -> i
             loop.add_signal_handler(sig, stop.set)
     try:
         async with await Bus.connect(s, name="busscrape-status") as bus:
-            await provision.require(bus.js, definitions, topology.REQUIRED)
+            await provision.require(bus.js, definitions, names.REQUIRED)
             async with Overview(bus, definitions, monitor_url=s.nats.monitor_url,
                                 account=s.nats.monitor_account) as view:
                 first = await view.counters()
@@ -86,6 +91,8 @@ async def _status(s: Settings, *, watch: bool, every: float, as_json: bool) -> i
 
 
 async def _stopped(stop: asyncio.Event, seconds: float) -> bool:
+    import asyncio
+
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
     return stop.is_set()
@@ -94,6 +101,9 @@ async def _stopped(stop: asyncio.Event, seconds: float) -> bool:
 @contextlib.contextmanager
 def _display(as_json: bool, watch: bool) -> Iterator[Any]:
     """A function that shows one document: a JSON line, tables, or a live view on a terminal."""
+    import orjson
+    from rich.live import Live
+
     if as_json:
         def line(doc: dict[str, Any]) -> None:
             sys.stdout.write(orjson.dumps(doc).decode() + "\n")
@@ -109,6 +119,10 @@ def _display(as_json: bool, watch: bool) -> Iterator[Any]:
 
 def render(doc: dict[str, Any]) -> Group:
     """The status document as tables."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     rates = doc.get("rates") or {}
     inflow, acks = rates.get("messages_in", {}), rates.get("acks", {})
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-import orjson
 import typer
-from rich.table import Table
 
-from busscrape.bus import provision, topology
-from busscrape.bus.connection import Bus
 from busscrape.cli.app import app, err, out, run, settings
 from busscrape.errors import EXIT_CONFIG, StreamConflict
-from busscrape.units import format_duration
+
+if TYPE_CHECKING:
+    from busscrape.bus import provision
+
 
 group = typer.Typer(help="Create, update and inspect the streams, consumers and buckets in streams/.",
                     no_args_is_help=True)
@@ -30,6 +30,9 @@ def apply_cmd(
     nats_url: str | None = NATS_URL,
 ) -> None:
     """Create what is missing, update what differs (showing the diff), leave the rest."""
+    from busscrape.bus import provision, topology
+    from busscrape.bus.connection import Bus
+
     s = settings(nats={"url": nats_url})
 
     async def go() -> list[provision.Change]:
@@ -62,6 +65,12 @@ def show_cmd(
     nats_url: str | None = NATS_URL,
 ) -> None:
     """Print the live configuration and counts of every stream, consumer and bucket."""
+    import orjson
+    from rich.table import Table
+
+    from busscrape.bus import provision, topology
+    from busscrape.bus.connection import Bus
+
     s = settings(nats={"url": nats_url})
 
     async def go() -> list[provision.Live]:
@@ -92,6 +101,8 @@ _QUIET = {"subjects", "durable_name", "num_replicas", "storage", "max_msg_size",
 
 
 def _fmt(key: str, value: object) -> str:
+    from busscrape.units import format_duration
+
     if key == "sources" and isinstance(value, list):
         return "+".join(str(s["name"]) for s in value)
     if key in {"max_bytes"} and isinstance(value, int) and value > 0:

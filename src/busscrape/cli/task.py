@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
 import typer
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
 
-from busscrape.bus import names, provision, topology
-from busscrape.bus.connection import Bus
 from busscrape.cli.app import app, err, out, run, settings
-from busscrape.cli.options import usage
 from busscrape.errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL, InputError
-from busscrape.settings import Settings
-from busscrape.status.history import TASK_ID, HistoryEvent, HistoryReader, TaskHistory, task_id_for_url
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+    from busscrape.settings import Settings
+    from busscrape.status.history import HistoryEvent, TaskHistory
+
 
 HELP = """Show every transition of a task: queued, running (attempt n), retrying (why), rendered,
 archived (where) or dead (why), for each time it was dispatched.
@@ -45,6 +43,8 @@ def task_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the history as one JSON object."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
 ) -> None:
+    import orjson
+
     s = settings(nats={"url": nats_url}, dispatch={"strip_tracking": strip_tracking, "sort_query": sort_query})
     task_id = resolve(task, s, spec)
     history = run(_read(s, task_id))
@@ -60,6 +60,12 @@ def task_cmd(
 
 def resolve(task: str, s: Settings, spec: str | None) -> str:
     """The task id TASK names (exit 2 with the reason for a URL dispatch would reject)."""
+    import orjson
+
+    from busscrape.cli.options import usage
+    from busscrape.dispatch.identity import task_id_for_url
+    from busscrape.status.history import TASK_ID
+
     if TASK_ID.match(task) and spec is None:
         return task
     extra: dict[str, Any] = {}
@@ -79,13 +85,21 @@ def resolve(task: str, s: Settings, spec: str | None) -> str:
 
 
 async def _read(s: Settings, task_id: str) -> TaskHistory | None:
+    from busscrape.bus import names, provision, topology
+    from busscrape.bus.connection import Bus
+    from busscrape.status.history import HistoryReader
+
     async with await Bus.connect(s, name="busscrape-task") as bus:
-        await provision.require(bus.js, topology.load(s), {("kv", names.STATUS_BUCKET), ("kv", names.SEEN_BUCKET)})
+        await provision.require(bus.js, topology.load(s), names.HISTORY_NEEDS)
         return await HistoryReader(bus.js).read(task_id)
 
 
 def render(history: TaskHistory) -> Group:
     """The history as a heading and one table row per event."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     head = Text.assemble(("task ", "bold"), (history.task_id, "bold"), "  ", history.url or "", "  ",
                          (history.state, STATE_STYLE.get(history.state, "")))
     table = Table("gen", "at (UTC)", "state", "attempt", "worker", "detail", show_lines=False)

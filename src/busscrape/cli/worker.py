@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from busscrape.bus import provision, topology
-from busscrape.bus.connection import Bus
 from busscrape.cli.app import app, run, serve, settings
-from busscrape.telemetry.metrics import Telemetry, configure_tracing
-from busscrape.units import parse_duration
-from busscrape.worker.daemon import Worker
+
+if TYPE_CHECKING:
+    pass
 
 
 @app.command("worker")
@@ -24,6 +24,12 @@ def worker_cmd(
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL."),
 ) -> None:
     """Render tasks from TASKS until stopped (SIGTERM drains, a second one exits now)."""
+    from busscrape.bus import names, provision, topology
+    from busscrape.bus.connection import Bus
+    from busscrape.telemetry.metrics import Telemetry, configure_tracing
+    from busscrape.units import parse_duration
+    from busscrape.worker.daemon import Worker
+
     idle = parse_duration(exit_when_idle) if exit_when_idle else None
     base = settings()
     s = settings(worker={"concurrency": concurrency, "max_tasks": max_tasks, "exit_when_idle": idle},
@@ -31,9 +37,7 @@ def worker_cmd(
 
     async def go() -> None:
         async with await Bus.connect(s, name=f"busscrape-worker-{s.worker.name}") as bus:
-            await provision.require(bus.js, topology.load(s), {
-                ("stream", "TASKS"), ("consumer", "workers"), ("stream", "RESULTS"), ("stream", "DEADLETTER"),
-                ("object_store", "ARTIFACTS"), ("kv", "ATTEMPTS"), ("consumer", "reaper")})
+            await provision.require(bus.js, topology.load(s), names.WORKER_NEEDS)
             configure_tracing("worker")
             await serve(Worker(bus, s, Telemetry("worker")))
 

@@ -24,15 +24,6 @@ log = structlog.get_logger("busscrape.deadletters")
 PAYLOAD_PREVIEW = 4096  # characters of an undecodable payload kept in its dead letter
 
 
-def task_letter_id(task_id: str, task_seq: int) -> str:
-    """The dedup id of the dead letter for one queued task (worker and reaper agree on it)."""
-    return f"dead-task-{task_id}-{task_seq}"
-
-
-def poison_letter_id(stream: str, seq: int) -> str:
-    return f"poison-{stream}-{seq}"
-
-
 def host_of(url: str | None) -> str | None:
     if not url:
         return None

@@ -40,6 +40,7 @@ import structlog
 from nats.js import JetStreamContext, api
 
 from busscrape.bus import names
+from busscrape.bus.retry import TRANSIENT
 from busscrape.deadletters.filing import host_of
 from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import DeadLetter, decode, encode, preview, utcnow
@@ -48,18 +49,12 @@ from busscrape.telemetry import tracing
 
 log = structlog.get_logger("busscrape.dlq")
 
-_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
 BATCH = 256  # letters per fetch of a scan
 SCAN_IDLE = 60.0  # the server removes a scan consumer its process abandoned after this many seconds
 CLOCK_SKEW = 300.0  # how far a filer's clock may run ahead of the server's (dead_at vs. stream time)
 UNREADABLE = "unreadable_letter"  # the reason shown for a DEADLETTER message that is no DeadLetter
 
 Action = Literal["replayed", "would_replay", "skipped", "failed", "deleted", "would_delete", "missing"]
-
-
-def replay_msg_id(task_id: str, letter_seq: int) -> str:
-    """The ``Nats-Msg-Id`` of one letter's replay (one per letter, never the bare task id)."""
-    return f"replay-{task_id}-{letter_seq}"
 
 
 @dataclass(frozen=True)
@@ -305,9 +300,9 @@ class DeadLetterQueue:
                         return
         finally:
             if sub is not None:
-                with contextlib.suppress(*_NATS_ERRORS):
+                with contextlib.suppress(*TRANSIENT):
                     await sub.unsubscribe()
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*TRANSIENT):
                 await self.js.delete_consumer(names.DEADLETTER_STREAM, info.name)
 
     async def replay(self, entry: Entry, *, dry_run: bool = False) -> Outcome:
@@ -325,12 +320,12 @@ class DeadLetterQueue:
         await self._clear_attempts(task.task_id)
         await self.board.record(TaskStatus(task_id=task.task_id, state="queued", url=task.url,
                                            dispatched_at=task.dispatched_at, reason="replayed"))
-        headers = {names.MSG_ID: replay_msg_id(task.task_id, entry.seq),
+        headers = {names.MSG_ID: names.replay_msg_id(task.task_id, entry.seq),
                    names.TRACEPARENT: tracing.new_traceparent()}
         try:
             ack = await self.js.publish(names.task_subject(task.task_id), encode(task),
                                         stream=names.TASKS_STREAM, headers=headers, timeout=self.timeout)
-        except _NATS_ERRORS as exc:
+        except TRANSIENT as exc:
             # Not queued: the letter stays, and STATUS goes back to what is true.
             await self.board.record(TaskStatus(task_id=task.task_id, state="dead", url=task.url,
                                                dispatched_at=letter.task.dispatched_at, reason=letter.reason,
@@ -341,7 +336,7 @@ class DeadLetterQueue:
             await self.js.delete_msg(names.DEADLETTER_STREAM, entry.seq)
         except nats.js.errors.NotFoundError:
             pass  # a concurrent replay or purge removed it first
-        except _NATS_ERRORS as exc:
+        except TRANSIENT as exc:
             log.warning("dlq.letter_kept", seq=entry.seq, task_id=task.task_id, error=repr(exc))
             return Outcome(entry.seq, "failed", (
                 f"queued again (TASKS seq {ack.seq}) but the letter could not be deleted ({exc!r}); "
@@ -370,5 +365,5 @@ class DeadLetterQueue:
         subject = names.kv_subject(names.ATTEMPTS_BUCKET, f"{task_id}.>")
         try:
             await self.js.purge_stream(names.ATTEMPTS_STREAM, subject=subject)
-        except _NATS_ERRORS as exc:  # history is advisory: a leftover never blocks a replay
+        except TRANSIENT as exc:  # history is advisory: a leftover never blocks a replay
             log.warning("dlq.attempts_not_cleared", task_id=task_id, error=repr(exc))

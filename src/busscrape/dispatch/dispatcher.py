@@ -8,9 +8,8 @@ For each line: parse (``inputs``), normalise the URL (``urls``), compute the tas
    ``Nats-Expected-Last-Subject-Sequence: 0`` (first writer wins) and ``Nats-TTL`` = the recrawl
    window. TASKS sources SEEN, so creating the key IS the enqueue: "marked seen" and "queued"
    cannot come apart, and a re-run after a crash finds everything it published already there;
-3. per publish: ``Nats-Msg-Id: <task_id>-<run_id>``, so a retried publish lands once. Not the
-   bare task id: TASKS de-duplicates *sourced* messages by that header for its whole window (10
-   minutes), which would swallow a ``--force`` or a short recrawl after SEEN had accepted it.
+3. per publish: ``Nats-Msg-Id: <task_id>-<run_id>`` (``names.dispatch_msg_id``), so a retried
+   publish lands once.
 
 ``--force`` drops the expected-sequence header: a plain put replaces the key and queues the task
 again. Nothing counts as published before its PubAck. "Wrong last sequence" on a first attempt
@@ -21,11 +20,9 @@ back and compared with ours (equal: published by this run).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import secrets
 import time
-from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -33,12 +30,14 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
-import orjson
 import structlog
 
 from busscrape.bus import names, provision, topology
+from busscrape.bus.compat import encode_headers
 from busscrape.bus.connection import Bus
 from busscrape.bus.publisher import ABANDONED, WRONG_LAST_SEQUENCE, Publication, Publisher, PublishFailed
+from busscrape.bus.retry import TRANSIENT
+from busscrape.dispatch.fingerprints import FingerprintSet
 from busscrape.dispatch.inputs import (
     InputFormat,
     InputReader,
@@ -49,6 +48,7 @@ from busscrape.dispatch.inputs import (
     open_reader,
     preview,
 )
+from busscrape.dispatch.template import TaskTemplate
 from busscrape.dispatch.urls import UrlNormaliser, UrlRules
 from busscrape.errors import (
     EXIT_INTERRUPTED,
@@ -59,14 +59,13 @@ from busscrape.errors import (
     StreamConflict,
     StreamsMissing,
 )
-from busscrape.model.messages import ScrapeTask, encode, task_key, utcnow
+from busscrape.model.messages import ScrapeTask, encode, task_key
 from busscrape.settings import Settings
 from busscrape.telemetry import tracing
 from busscrape.units import format_duration
 
 log = structlog.get_logger("busscrape.dispatcher")
 
-NEEDED = {("kv", names.SEEN_BUCKET), ("stream", names.TASKS_STREAM)}
 MIN_TTL = 1.0  # Nats-TTL counts whole seconds
 
 
@@ -113,81 +112,6 @@ class DispatchSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class FingerprintSet:
-    """A set of 64-bit fingerprints in one flat array: 16 bytes per entry instead of ~80 in a ``set``.
-
-    Open addressing with linear probing over uniformly random keys (a sha256 prefix), kept at
-    most half full. One million URLs cost 16 MiB; two different task ids share a 64-bit prefix
-    with a probability of about 3e-8 in such a run.
-    """
-
-    def __init__(self, capacity: int = 1 << 16) -> None:
-        size = 1 << max(capacity - 1, 1).bit_length()
-        self._table = array("Q", bytes(8 * size))
-        self._mask = size - 1
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def add(self, key: int) -> bool:
-        """Add ``key``; True when it was not there yet."""
-        key = key or 1  # 0 marks an empty slot
-        table, mask = self._table, self._mask
-        i = key & mask
-        while True:
-            current = table[i]
-            if current == 0:
-                table[i] = key
-                self._count += 1
-                if self._count * 2 > mask:
-                    self._grow()
-                return True
-            if current == key:
-                return False
-            i = (i + 1) & mask
-
-    def _grow(self) -> None:
-        old = self._table
-        self._table = array("Q", bytes(16 * len(old)))
-        self._mask = len(self._table) - 1
-        self._count = 0
-        for key in old:
-            if key:
-                self.add(key)
-
-
-class TaskTemplate:
-    """Task ids and payloads for URLs sharing steps, options and labels, without per-URL models.
-
-    Byte for byte what ``messages.task_key`` and ``messages.encode(ScrapeTask(...))`` produce
-    (the tests hold it to that), at a fraction of the cost: the shared parts are serialised once
-    and spliced in as ``orjson.Fragment``s, in the model's own field order.
-    """
-
-    def __init__(self, defaults: TaskDefaults) -> None:
-        self.defaults = defaults
-        sample = ScrapeTask(task_id="0" * 32, url="http://x/", original_url="http://x/", steps=defaults.steps,
-                            options=defaults.options, labels=defaults.labels)
-        self._base = {k: orjson.Fragment(orjson.dumps(v)) for k, v in orjson.loads(encode(sample)).items()}
-        identity = orjson.dumps([[s.model_dump(mode="json") for s in sample.steps],
-                                 sample.options.model_dump(mode="json")], option=orjson.OPT_SORT_KEYS)
-        self._key_tail = b"," + identity[1:]  # task_key hashes [url, steps, options]
-
-    def fits(self, spec: TaskSpec) -> bool:
-        """Whether ``spec`` carries exactly the defaults this template was built from."""
-        d = self.defaults
-        return spec.steps is d.steps and spec.options is d.options and spec.labels is d.labels
-
-    def key(self, url: str) -> str:
-        return hashlib.sha256(b"[" + orjson.dumps(url) + self._key_tail).hexdigest()[:32]
-
-    def payload(self, task_id: str, url: str, original_url: str) -> bytes:
-        doc = self._base.copy()
-        doc["task_id"], doc["url"], doc["original_url"], doc["dispatched_at"] = task_id, url, original_url, utcnow()
-        return orjson.dumps(doc)
 
 
 class Dispatcher:
@@ -252,7 +176,7 @@ class Dispatcher:
             await self._publisher.close()
 
     async def _check_streams(self) -> None:
-        await provision.require(self.bus.js, topology.load(self.settings), NEEDED)
+        await provision.require(self.bus.js, topology.load(self.settings), names.DISPATCH_NEEDS)
         seen = (await self.bus.js.stream_info(names.SEEN_STREAM)).config
         tasks = (await self.bus.js.stream_info(names.TASKS_STREAM)).config
         apply, after = "run `busscrape streams apply` against this server", format_duration(self.recrawl_after)
@@ -376,9 +300,9 @@ class Dispatcher:
         headers = {names.MSG_TTL: str(int(self.recrawl_after))}
         if not self.force:
             headers[names.EXPECTED_LAST_SUBJECT_SEQUENCE] = "0"  # create only: first writer wins
-        headers[names.MSG_ID] = "{task_id}-" + self.run_id
+        headers[names.MSG_ID] = names.dispatch_msg_id("{task_id}", self.run_id)
         headers[names.TRACEPARENT] = "{traceparent}"
-        return "NATS/1.0\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+        return encode_headers(headers)
 
     def _reject(self, rejection: Rejection) -> None:
         self.counts.invalid[rejection.reason] += 1
@@ -426,7 +350,7 @@ class Dispatcher:
         except nats.js.errors.NotFoundError:
             self._seen_before(pub.context)  # taken, then expired: not ours to claim
             return
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+        except TRANSIENT as exc:
             log.warning("dispatch.unresolved", task_id=pub.context, error=str(exc) or type(exc).__name__)
             self.counts.unconfirmed += 1
             return

@@ -5,8 +5,8 @@ go through a real ``Dispatcher``: the same parser, URL normalisation, task ids, 
 (in the request, then across runs by the atomic create in SEEN), ``Nats-Msg-Id`` and PubAck
 accounting as a dispatch of a file. What this module adds is the answer per task: the
 dispatcher reports rejections by line and publications by task id, so the task id of every
-line is computed beforehand the way the dispatcher computes it (``LineParser``,
-``UrlNormaliser``, ``task_key``) and the outcomes are matched back to the request's order.
+line is computed beforehand the way the dispatcher computes it (``identity``) and the outcomes
+are matched back to the request's order.
 
 Outcomes: ``queued`` (new, in TASKS now), ``already_seen`` (queued before, within the recrawl
 window), ``duplicate`` (the same task earlier in this request), ``rejected`` (with the
@@ -23,10 +23,9 @@ from pydantic import BaseModel, ConfigDict
 
 from busscrape.bus.connection import Bus
 from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
-from busscrape.dispatch.inputs import LineParser, Rejection, TaskDefaults, TaskSpec
-from busscrape.dispatch.urls import UrlNormaliser, UrlRules
+from busscrape.dispatch.identity import TaskIdentity
+from busscrape.dispatch.inputs import Rejection, TaskDefaults
 from busscrape.errors import InputError
-from busscrape.model.messages import task_key
 from busscrape.settings import Settings
 
 Outcome = Literal["queued", "already_seen", "duplicate", "rejected", "failed"]
@@ -99,16 +98,11 @@ async def submit(bus: Bus, settings: Settings, items: list[dict[str, Any]], *, l
 
 def _task_ids(lines: list[str], settings: Settings, defaults: TaskDefaults) -> list[str | None]:
     """The task id the dispatcher will give each line (None where it will reject it)."""
-    parse = LineParser("jsonl", defaults)
-    normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
+    identity = TaskIdentity(settings, defaults)
     ids: list[str | None] = []
     for number, line in enumerate(lines, 1):
-        spec = parse(number, line)
-        if not isinstance(spec, TaskSpec):
-            ids.append(None)
-            continue
         try:
-            ids.append(task_key(normalise(spec.url), spec.steps, spec.options))
+            ids.append(identity.of_line(number, line))
         except InputError:
             ids.append(None)
     return ids

@@ -94,17 +94,26 @@ class ScrapeTask(Message):
     dispatched_at: datetime = Field(default_factory=utcnow)
 
 
-def task_key(url: str, steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None) -> str:
+def identity_tail(steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None) -> bytes:
+    """What a task's identity holds beside its URL, encoded once: the dispatcher reuses it for every
+    URL that shares the steps and options."""
+    options = options or TaskOptions()
+    encoded = orjson.dumps([[s.model_dump(mode="json") for s in steps], options.model_dump(mode="json")],
+                           option=orjson.OPT_SORT_KEYS)
+    return b"," + encoded[1:]
+
+
+def task_key(url: str, steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None, *,
+             tail: bytes | None = None) -> str:
     """The stable identity of a piece of work: sha256 of URL + steps + options, 32 hex chars.
 
-    Labels are not part of it: the same page with other labels is the same work.
+    The digest is of the canonical JSON ``[url, steps, options]`` (keys sorted); ``tail`` is that
+    document without its URL, from ``identity_tail``, when the caller has it already. Labels are
+    not part of it: the same page with other labels is the same work.
     """
-    options = options or TaskOptions()
-    canonical = orjson.dumps(
-        [url, [s.model_dump(mode="json") for s in steps], options.model_dump(mode="json")],
-        option=orjson.OPT_SORT_KEYS,
-    )
-    return hashlib.sha256(canonical).hexdigest()[:32]
+    if tail is None:
+        tail = identity_tail(steps, options)
+    return hashlib.sha256(b"[" + orjson.dumps(url) + tail).hexdigest()[:32]
 
 
 # -- result -------------------------------------------------------------------------------------

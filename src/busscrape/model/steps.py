@@ -121,6 +121,3 @@ Step = Annotated[
     Field(discriminator="action"),
 ]
 """One step; ``action`` picks the kind."""
-
-STEP_ACTIONS = ("goto", "wait_for", "click", "fill", "press", "scroll", "wait_stable", "sleep",
-                "screenshot", "evaluate")

@@ -168,7 +168,7 @@ class Overview:
         """JetStream's stream info as the server sends it: nats-py's model drops ``num_subjects``
         and the paging fields of a subject listing."""
         try:
-            reply = await self.bus.nc.request(f"{names.JS_API}.STREAM.INFO.{name}",
+            reply = await self.bus.nc.request(names.stream_info_subject(name),
                                               orjson.dumps(request) if request else b"", timeout=self.timeout)
         except nats.errors.NoRespondersError:
             raise StreamsMissing(f"JetStream does not answer on this NATS server. {MISSING_HINT}") from None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from busscrape.bus import provision, topology
+from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
 from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
 from busscrape.dispatch.inputs import Rejection, Source, TaskDefaults
@@ -114,7 +114,7 @@ class Runner:
             if embedded:
                 await provision.apply(bus.js, definitions)
             else:
-                await provision.require(bus.js, definitions, topology.REQUIRED)
+                await provision.require(bus.js, definitions, names.REQUIRED)
             tracker = Tracker(bus.js)
             await tracker.start()
             stack.push_async_callback(tracker.stop)

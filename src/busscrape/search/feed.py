@@ -30,11 +30,12 @@ import orjson
 import structlog
 
 from busscrape.archive.layout import ArchivePlan
-from busscrape.archive.storage.local import Storage
+from busscrape.archive.storage import Storage
 from busscrape.deadletters.filing import host_of
 from busscrape.errors import BusscrapeError, ConfigurationError
 from busscrape.model.messages import ScrapeResult
-from busscrape.search.index import IndexedPage, SearchIndex, open_index
+from busscrape.search import open_index
+from busscrape.search.index import IndexedPage, SearchIndex
 from busscrape.settings import Settings
 
 log = structlog.get_logger("busscrape.search")

@@ -3,10 +3,12 @@
 ::
 
     SearchIndex ................ async context manager: add pages, search them
-    ├── SqliteIndex              (search_sqlite) FTS5 in one local file: bm25 ranking, snippet();
+    ├── SqliteIndex              (search.sqlite) FTS5 in one local file: bm25 ranking, snippet();
     │                            the embedded default, BUSSCRAPE_SEARCH__BACKEND=sqlite
-    └── PostgresIndex            (search_postgres) tsvector + GIN: ts_rank_cd ranking, ts_headline();
+    └── PostgresIndex            (search.postgres) tsvector + GIN: ts_rank_cd ranking, ts_headline();
                                  production, several ingesters, BUSSCRAPE_SEARCH__BACKEND=postgres
+
+``busscrape.search.open_index`` picks the backend; this interface imports neither.
 
 A row is one archived page (``IndexedPage``), keyed by its archive folder: a redelivered result
 rewrites its own row, a recrawl on another day adds a row of its own (the archive keeps both
@@ -30,15 +32,11 @@ import unicodedata
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from busscrape.errors import ConfigurationError, InputError, RetryableError
+from busscrape.errors import InputError, RetryableError
 from busscrape.units import parse_duration
-
-if TYPE_CHECKING:
-    from busscrape.settings import Settings
 
 MAX_QUERY_CHARS = 1000
 MARK_START, MARK_END = "⟦", "⟧"
@@ -158,24 +156,6 @@ class SearchIndex(ABC):
     @abstractmethod
     async def count(self) -> int:
         """How many pages the index holds."""
-
-
-def open_index(settings: Settings) -> SearchIndex:
-    """The configured index, not yet entered. ``ConfigurationError`` when search is off or misconfigured."""
-    cfg = settings.search
-    if cfg.backend == "sqlite":
-        from busscrape.search.sqlite import SqliteIndex
-
-        return SqliteIndex(settings.search_path(), timeout=cfg.timeout)
-    if cfg.backend == "postgres":
-        if cfg.postgres_dsn is None:
-            raise ConfigurationError("BUSSCRAPE_SEARCH__BACKEND=postgres needs BUSSCRAPE_SEARCH__POSTGRES_DSN "
-                                     "(postgresql://user:password@host:5432/db)")
-        from busscrape.search.postgres import PostgresIndex
-
-        return PostgresIndex(cfg.postgres_dsn.get_secret_value(), config=cfg.postgres_config, timeout=cfg.timeout)
-    raise ConfigurationError("search is off (BUSSCRAPE_SEARCH__BACKEND=off); set it to sqlite or postgres, and "
-                             "let the ingester index what it archives")
 
 
 def utc(moment: datetime) -> datetime:

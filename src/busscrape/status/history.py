@@ -14,28 +14,24 @@ entry holds the task with its ``dispatched_at``. So a history is read from both 
   last: records are stamped by the service that makes them, and the ingester's clock may run a
   moment behind the worker's (STATUS itself keeps them in order: see ``taskstatus``).
 
-A URL is looked up by its task id, computed exactly as the dispatcher does (same normalisation
-rules from the settings, same ``task_key``), so ``busscrape task URL`` finds what ``busscrape
-dispatch`` queued for that line (with the given steps and options, the defaults unless said).
+A URL is looked up by its task id, computed exactly as the dispatcher does
+(``dispatch.identity``), so ``busscrape task URL`` finds what ``busscrape dispatch`` queued for
+that line (with the given steps and options, the defaults unless said).
 """
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
 
 import nats.js.errors
-import orjson
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ConfigDict
 
+from busscrape.bus import names
 from busscrape.bus.names import SEEN_STREAM, seen_key_subject
-from busscrape.dispatch.inputs import LineParser, Rejection, TaskDefaults
-from busscrape.dispatch.urls import UrlNormaliser, UrlRules
-from busscrape.errors import InputError, MessageDecodeError
-from busscrape.model.messages import ScrapeTask, decode, task_key
-from busscrape.settings import Settings
+from busscrape.errors import MessageDecodeError
+from busscrape.model.messages import ScrapeTask, decode
 from busscrape.status.records import FINAL, State, StatusBoard, TaskStatus
 
 TASK_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -80,18 +76,6 @@ class TaskHistory(_Model):
     url: str | None
     state: State
     generations: tuple[Generation, ...]
-
-
-def task_id_for_url(url: str, settings: Settings, spec: dict[str, Any] | None = None) -> str:
-    """The task id ``busscrape dispatch`` gives ``url`` with the steps and options of ``spec`` (a JSONL
-    task spec without its url; none: the defaults). ``InputError`` with the dispatcher's reason when
-    the URL or the spec would be rejected."""
-    parsed = LineParser("jsonl", TaskDefaults())(1, orjson.dumps({**(spec or {}), "url": url}).decode())
-    if isinstance(parsed, Rejection):
-        raise InputError(parsed.detail, reason=parsed.reason)
-    assert parsed is not None  # a JSON object line is never blank
-    normalised = UrlNormaliser(UrlRules.from_settings(settings.dispatch))(parsed.url)
-    return task_key(normalised, parsed.steps, parsed.options)
 
 
 def merge(task_id: str, records: list[TaskStatus], seen: ScrapeTask | None = None,
@@ -150,7 +134,7 @@ class HistoryReader:
         except nats.js.errors.NotFoundError:
             return None, None
         headers = raw.headers or {}
-        if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
+        if headers.get(names.KV_OPERATION) in ("DEL", "PURGE") or names.MARKER_REASON in headers:
             return None, None  # deleted, or expired (a TTL marker): the recrawl window has passed
         try:
             return decode(ScrapeTask, raw.data or b""), raw.time

@@ -33,7 +33,8 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import Field
 
-from busscrape.bus.names import STATUS_BUCKET
+from busscrape.bus.names import STATUS_BUCKET, STATUS_STREAM, kv_subject
+from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import Message, decode, encode, utcnow
 
@@ -86,7 +87,7 @@ class StatusBoard:
             return await asyncio.wait_for(put, 5)
         except nats.js.errors.KeyWrongLastSequenceError:
             log.debug("status.superseded", task_id=status.task_id, state=status.state)
-        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+        except TRANSIENT as exc:
             log.warning("status.unrecorded", task_id=status.task_id, state=status.state, error=repr(exc))
         return None
 
@@ -105,7 +106,7 @@ class StatusBoard:
         its watcher can signal "no more" before the first entry when the server pushes the
         entries after answering its consumer-info request, and then returns nothing at all.
         """
-        stream, subject = f"KV_{STATUS_BUCKET}", f"$KV.{STATUS_BUCKET}.{task_id}"
+        stream, subject = STATUS_STREAM, kv_subject(STATUS_BUCKET, task_id)
         records, seq = [], 1
         while True:
             try:
@@ -146,7 +147,7 @@ class Transitions:
         if self.attempt > 1:  # only a redelivery can find records of this dispatch
             try:
                 found = await self.board.latest(self.task_id)
-            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError, MessageDecodeError):
+            except (*TRANSIENT, MessageDecodeError):
                 found = None
             if found is not None:
                 status, after = found

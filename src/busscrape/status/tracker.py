@@ -19,6 +19,7 @@ import structlog
 from nats.js import JetStreamContext
 
 from busscrape.bus.names import SEEN_STREAM, STATUS_BUCKET, seen_key_subject
+from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import ScrapeTask, decode
 from busscrape.status.records import FINAL, TaskStatus
@@ -58,7 +59,7 @@ class Tracker:
 
     async def _from_seen(self, task_id: str) -> None:
         since = None
-        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, MessageDecodeError, TimeoutError):
+        with contextlib.suppress(*TRANSIENT, MessageDecodeError):
             raw = await self._js.get_last_msg(SEEN_STREAM, seen_key_subject(task_id))
             since = decode(ScrapeTask, raw.data or b"").dispatched_at
         self.expect(task_id, since)

@@ -17,6 +17,7 @@ from nats.js.kv import KeyValue
 from pydantic import TypeAdapter
 
 from busscrape.bus.names import ATTEMPTS_BUCKET
+from busscrape.bus.retry import TRANSIENT
 from busscrape.model.messages import AttemptRecord
 
 _HISTORY = TypeAdapter(tuple[AttemptRecord, ...])
@@ -42,7 +43,7 @@ class AttemptLog:
             entry = await (await self._bucket()).get(attempts_key(task_id, task_seq))
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return ()
-        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+        except TRANSIENT:
             return ()
         try:
             return _HISTORY.validate_json(entry.value or b"[]")
@@ -52,11 +53,11 @@ class AttemptLog:
     async def record(self, task_id: str, task_seq: int, attempt: AttemptRecord) -> tuple[AttemptRecord, ...]:
         """Append ``attempt`` and return the whole history (best effort: history is advisory)."""
         history = (*[a for a in await self.history(task_id, task_seq) if a.attempt != attempt.attempt], attempt)
-        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+        with contextlib.suppress(*TRANSIENT):
             payload = orjson.dumps([a.model_dump(mode="json") for a in history])
             await (await self._bucket()).put(attempts_key(task_id, task_seq), payload)
         return history
 
     async def clear(self, task_id: str, task_seq: int) -> None:
-        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+        with contextlib.suppress(*TRANSIENT):
             await (await self._bucket()).purge(attempts_key(task_id, task_seq))

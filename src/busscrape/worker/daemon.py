@@ -16,14 +16,12 @@ permanent errors at once, the task goes to DEADLETTER with its whole attempt his
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from contextlib import AsyncExitStack
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
@@ -33,6 +31,7 @@ from busscrape.artifacts.store import ArtifactStore, object_name
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
+from busscrape.bus.retry import TRANSIENT, backoff
 from busscrape.deadletters import filing
 from busscrape.errors import (
     BusscrapeError,
@@ -62,6 +61,7 @@ from busscrape.telemetry import tracing
 from busscrape.telemetry.metrics import Telemetry
 from busscrape.worker.attempts import AttemptLog
 from busscrape.worker.browser.pool import BrowserPool
+from busscrape.worker.capture import Rendered
 from busscrape.worker.politeness import HostGate
 from busscrape.worker.reaper import Reaper
 from busscrape.worker.render import Renderer
@@ -115,13 +115,16 @@ class Worker(PullService):
         await self.artifacts.close()
         await self._stack.aclose()
 
+    def companions(self) -> list[PullService]:
+        if not self.settings.worker.reaper:
+            return []
+        return [Reaper(self.bus, self.attempts, self.artifacts, grace_period=self.grace_period,
+                       telemetry=self.telemetry)]
+
     async def background(self) -> list[asyncio.Task[Any]]:
         info = await self.bus.js.consumer_info(self.stream, self.durable)
         self.max_deliver = info.config.max_deliver or -1
         tasks = []
-        if self.settings.worker.reaper:
-            reaper = Reaper(self.bus, self.attempts, self.artifacts, self.telemetry)
-            tasks.append(asyncio.create_task(reaper.run(self._stopping), name="reaper"))
         if (interval := self.settings.worker.stray_chunk_interval) > 0:
             strays = leftovers.StrayChunks(self.artifacts)
             tasks.append(asyncio.create_task(strays.run(self._stopping, interval), name="stray-chunks"))
@@ -131,19 +134,17 @@ class Worker(PullService):
 
     async def handle(self, msg: Msg) -> None:
         headers = msg.headers or {}
-        if headers.get("KV-Operation") in ("DEL", "PURGE"):
+        if headers.get(names.KV_OPERATION) in ("DEL", "PURGE"):
             # A delete marker from the SEEN bucket, sourced into TASKS: not work.
             self.count("skipped")
             await msg.ack_sync(timeout=self.settings.nats.request_timeout)
             return
-        seq = msg.metadata.sequence.stream
-        attempt = msg.metadata.num_delivered
         try:
             task = decode(ScrapeTask, msg.data)
         except MessageDecodeError as exc:
             await self._poison(msg, exc)
             return
-        started = time.perf_counter()
+        attempt = msg.metadata.num_delivered
         with structlog.contextvars.bound_contextvars(task_id=task.task_id, url=task.url, attempt=attempt,
                                                      trace_id=tracing.trace_id_of(headers)), \
                 tracing.consuming("render task", headers, self.stream, **{
@@ -151,38 +152,46 @@ class Worker(PullService):
                     "messaging.message.delivery_count": attempt}) as span:
             story = Transitions(self.board, task_id=task.task_id, url=task.url, dispatched_at=task.dispatched_at,
                                 attempt=attempt, worker=self.settings.worker.name)
-            # Stored while the page renders, not before: one round trip less per task. It is awaited
-            # before any later record of the task (and before the result), so STATUS keeps its order.
-            running = asyncio.ensure_future(story.start())
+            await self._work(msg, task, story, span)
+
+    async def _work(self, msg: Msg, task: ScrapeTask, story: Transitions, span: Any) -> None:
+        """Render, store, publish, ack; or hand the failure to its path (retry or dead letter)."""
+        seq, attempt = msg.metadata.sequence.stream, story.attempt
+        started = time.perf_counter()
+        # Stored while the page renders, not before: one round trip less per task. It is awaited
+        # before any later record of the task (and before the result), so STATUS keeps its order.
+        running = asyncio.ensure_future(story.start())
+        try:
+            self._validate(task)
+            scraped_at = utcnow()
+            rendered = await self._render(task)
+            result = await self._result(task, seq, attempt, rendered, scraped_at)
+            await running
+            # Sent beside the result, so it costs no round trip, and on top of `running`: should
+            # the ingester record `archived` first, this is left out rather than stored after it.
+            recorded = asyncio.ensure_future(story.step("rendered", status=result.status))
             try:
-                self._validate(task)
-                result = await self._render(task, seq, attempt)
-                await running
-                # Sent beside the result, so it costs no round trip, and on top of `running`: should
-                # the ingester record `archived` first, this is left out rather than stored after it.
-                rendered = asyncio.ensure_future(story.step("rendered", status=result.status))
-                try:
-                    await self._publish(task, result)
-                finally:
-                    await rendered
-                await msg.ack_sync(timeout=self.settings.nats.request_timeout)
-            except RetryableError as exc:
-                span.set_attribute("busscrape.outcome", f"retry:{exc.reason}")
-                await running
-                await self._failed(msg, story, task, seq, exc)
-                return
-            except PermanentError as exc:
-                span.set_attribute("busscrape.outcome", f"dead:{exc.reason}")
-                await running
-                await self._dead(msg, story, task, seq, exc)
-                return
-            self.count("completed")
-            span.set_attribute("http.response.status_code", result.status or 0)
-            if self.telemetry is not None:
-                self.telemetry.render_duration.record(time.perf_counter() - started)
-            log.info("task.done", status=result.status, ms=result.timings.get("total"))
-            if attempt > 1:
-                await self.attempts.clear(task.task_id, seq)
+                await self._publish(task, result)
+            finally:
+                await recorded
+            await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+        except RetryableError as exc:
+            span.set_attribute("busscrape.outcome", f"retry:{exc.reason}")
+            await running
+            await self._failed(msg, story, task, seq, exc)
+            return
+        except PermanentError as exc:
+            span.set_attribute("busscrape.outcome", f"dead:{exc.reason}")
+            await running
+            await self._dead(msg, story, task, seq, exc)
+            return
+        self.count("completed")
+        span.set_attribute("http.response.status_code", result.status or 0)
+        if self.telemetry is not None:
+            self.telemetry.render_duration.record(time.perf_counter() - started)
+        log.info("task.done", status=result.status, ms=result.timings.get("total"))
+        if attempt > 1:
+            await self.attempts.clear(task.task_id, seq)
 
     def _validate(self, task: ScrapeTask) -> None:
         if len(task.steps) > self.settings.worker.max_steps:
@@ -192,17 +201,21 @@ class Worker(PullService):
             raise InvalidTask("the evaluate step is disabled on this worker (BUSSCRAPE_WORKER__ALLOW_EVALUATE)",
                               reason="evaluate_disabled")
 
-    async def _render(self, task: ScrapeTask, seq: int, attempt: int) -> ScrapeResult:
+    async def _render(self, task: ScrapeTask) -> Rendered:
+        """The page rendered and captured, within ``task_timeout`` and the host's politeness."""
         assert self.renderer is not None
-        scraped_at = utcnow()
         host = urlsplit(task.url).hostname or ""
         try:
             async with asyncio.timeout(self.settings.worker.task_timeout):
                 async with self.gate.enter(host):
-                    rendered = await self.renderer.render(task)
+                    return await self.renderer.render(task)
         except TimeoutError:
             raise NavigationTimeout(f"task took longer than task_timeout {self.settings.worker.task_timeout:.0f}s",
                                     reason="task_timeout") from None
+
+    async def _result(self, task: ScrapeTask, seq: int, attempt: int, rendered: Rendered,
+                      scraped_at: datetime) -> ScrapeResult:
+        """The captures stored in ARTIFACTS, and the result that points at them."""
         with tracing.span("upload artifacts", count=len(rendered.captures)):
             # All at once: a task's latency pays one object-store round trip, not one per artifact.
             stored = await asyncio.gather(*(
@@ -226,11 +239,11 @@ class Worker(PullService):
         try:
             with tracing.span("publish result", SpanKind.PRODUCER, **{
                     "messaging.system": "nats", "messaging.destination.name": names.RESULTS_STREAM}):
-                out = tracing.inject({names.MSG_ID: f"result-{task.task_id}-{result.task_seq}"})
+                out = tracing.inject({names.MSG_ID: names.result_msg_id(task.task_id, result.task_seq)})
                 ack = await self.bus.js.publish(names.result_subject(task.task_id), encode(result),
                                                 stream=names.RESULTS_STREAM, headers=out,
                                                 timeout=self.settings.nats.request_timeout)
-        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+        except TRANSIENT as exc:
             await self._drop(result.artifacts)
             raise StorageUnavailable(f"RESULTS did not take the result: {exc!r}",
                                      reason="results_unavailable") from None
@@ -255,7 +268,7 @@ class Worker(PullService):
         for ref in refs:
             try:
                 await self.artifacts.release(ref)
-            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+            except TRANSIENT:
                 pass  # the bucket's TTL collects it
 
     # -- failure paths ----------------------------------------------------------------------
@@ -291,9 +304,9 @@ class Worker(PullService):
                             url=task.url, host=filing.host_of(task.url), attempts=history, task=task,
                             source=filing.source_of(msg))
         try:
-            await filing.file(self.bus.js, letter, msg_id=filing.task_letter_id(task.task_id, seq),
+            await filing.file(self.bus.js, letter, msg_id=names.task_letter_id(task.task_id, seq),
                                    telemetry=self.telemetry)
-        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as err:
+        except TRANSIENT as err:
             # Not filed, so not removed: try again later.
             log.warning("deadletter.unavailable", error=repr(err))
             await msg.nak(delay=self.retry_delay(1, None))
@@ -314,19 +327,16 @@ class Worker(PullService):
         letter = filing.poison("worker", msg, exc)
         seq = msg.metadata.sequence.stream
         try:
-            await filing.file(self.bus.js, letter, msg_id=filing.poison_letter_id(self.stream, seq),
+            await filing.file(self.bus.js, letter, msg_id=names.poison_letter_id(self.stream, seq),
                                    telemetry=self.telemetry)
-        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+        except TRANSIENT:
             await msg.nak(delay=self.retry_delay(1, None))
             return
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         self.count("poison")
 
     def retry_delay(self, attempt: int, retry_after: float | None) -> float:
-        """Exponential backoff with jitter, at least what Retry-After asked, capped."""
+        """The worker's backoff: ``retry_base_delay`` doubling up to ``retry_max_delay``, at least
+        what Retry-After asked (capped the same)."""
         w = self.settings.worker
-        delay = min(w.retry_base_delay * 2 ** max(attempt - 1, 0), w.retry_max_delay)
-        delay *= random.uniform(0.5, 1.0)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, w.retry_max_delay))
-        return delay
+        return backoff(attempt, w.retry_base_delay, w.retry_max_delay, at_least=retry_after)

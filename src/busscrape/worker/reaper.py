@@ -2,20 +2,18 @@
 
 When a worker dies (or goes silent) on a task's last allowed delivery, nobody is left to
 dead-letter it: JetStream keeps the message in TASKS but stops delivering it, and publishes a
-MAX_DELIVERIES advisory, which TASK_ADVISORIES captures. The reaper (inside every worker,
-sharing one durable consumer) turns each advisory into a dead letter carrying the attempt
-history, discards the artifacts those deliveries stored (``leftovers``), records the task
-``dead`` in STATUS, then deletes the task from TASKS, then acks the
-advisory — in that order, so a crash or a lost record at any point repeats the work
+MAX_DELIVERIES advisory, which TASK_ADVISORIES captures. The reaper (a companion of every
+worker, all sharing one durable consumer) turns each advisory into a dead letter carrying the
+attempt history, discards the artifacts those deliveries stored (``leftovers``), records the
+task ``dead`` in STATUS, then deletes the task from TASKS, then acks the advisory — in that
+order, so a crash or a lost record at any point repeats the work
 idempotently (same ``Nats-Msg-Id`` as the worker would use).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
-import nats.errors
 import nats.js.errors
 import orjson
 import structlog
@@ -25,6 +23,8 @@ from busscrape.artifacts import leftovers
 from busscrape.artifacts.store import ArtifactStore
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
+from busscrape.bus.consumer import PullService
+from busscrape.bus.retry import TRANSIENT
 from busscrape.deadletters import filing
 from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import DeadLetter, MessageSource, ScrapeTask, decode
@@ -34,41 +34,28 @@ from busscrape.worker.attempts import AttemptLog
 
 log = structlog.get_logger("busscrape.reaper")
 
-_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
+class Reaper(PullService):
+    """Runs beside each worker (a companion), on ``TASK_ADVISORIES/reaper``."""
 
+    kind = "reaper"
+    stream = names.ADVISORIES_STREAM
+    durable = names.REAPER_CONSUMER
 
-class Reaper:
-    def __init__(self, bus: Bus, attempts: AttemptLog, artifacts: ArtifactStore,
+    def __init__(self, bus: Bus, attempts: AttemptLog, artifacts: ArtifactStore, *, grace_period: float = 30.0,
                  telemetry: Telemetry | None = None) -> None:
-        self.bus = bus
-        self.telemetry = telemetry
+        # Advisories are rare (a worker died on a last delivery): one slot; a failed reap comes back
+        # after 5 s, then later, while NATS is away.
+        super().__init__(bus, concurrency=1, grace_period=grace_period, backoff=(5.0, 60.0),
+                         telemetry=telemetry)
         self.attempts = attempts
         self.board = StatusBoard(bus.js)
         self.artifacts = artifacts
-        self.reaped = 0
 
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Reap until ``stopping`` is set."""
-        js = self.bus.js
-        sub = None
-        while not stopping.is_set():
-            try:
-                if sub is None:
-                    sub = await js.pull_subscribe_bind(names.REAPER_CONSUMER, names.ADVISORIES_STREAM)
-                msgs = await sub.fetch(16, timeout=2)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-            except _NATS_ERRORS as exc:
-                log.warning("reaper.fetch_failed", error=repr(exc))
-                await asyncio.sleep(2)
-                continue
-            for msg in msgs:
-                try:
-                    await self.reap(msg)
-                except _NATS_ERRORS as exc:
-                    log.warning("reaper.retry_later", error=repr(exc))
-                    with contextlib.suppress(*_NATS_ERRORS):
-                        await msg.nak(delay=5)
+    async def handle(self, msg: Msg) -> None:
+        try:
+            await self.reap(msg)
+        except TRANSIENT as exc:
+            await self.retry_later(msg, exc, "reaper.retry_later")
 
     async def reap(self, advisory: Msg) -> None:
         try:
@@ -91,7 +78,7 @@ class Reaper:
         except MessageDecodeError as exc:
             letter = DeadLetter(stage="reaper", reason=exc.reason, error=str(exc),
                                 payload=(raw.data or b"")[:4096].decode("utf-8", "replace"), source=source)
-            msg_id = filing.poison_letter_id(names.TASKS_STREAM, seq)
+            msg_id = names.poison_letter_id(names.TASKS_STREAM, seq)
         else:
             history = await self.attempts.history(task.task_id, seq)
             last = history[-1] if history else None
@@ -101,7 +88,7 @@ class Reaper:
                 task_id=task.task_id, stage="reaper", reason=last.reason if last else "max_deliveries",
                 error=f"delivered {deliveries} times without an outcome; {what}"[:4000], url=task.url,
                 host=filing.host_of(task.url), attempts=history, task=task, source=source)
-            msg_id = filing.task_letter_id(task.task_id, seq)
+            msg_id = names.task_letter_id(task.task_id, seq)
         await filing.file(js, letter, msg_id=msg_id, telemetry=self.telemetry)
         if letter.task is not None:  # what the deliveries that died stored, nothing will archive
             await leftovers.sweep(js, self.artifacts, letter.task, seq, range(1, max(deliveries, 1) + 1))
@@ -110,12 +97,12 @@ class Reaper:
         if letter.task_id and not await self.board.record(TaskStatus(
                 task_id=letter.task_id, state="dead", url=letter.url, reason=letter.reason, error=letter.error[:500],
                 dispatched_at=letter.task.dispatched_at if letter.task else None, attempt=deliveries)):
-            await advisory.nak(delay=5)
+            await self.retry_later(advisory, "STATUS did not take the dead record", "reaper.status_unrecorded")
             return
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_msg(names.TASKS_STREAM, seq)
         if letter.task_id:
             await self.attempts.clear(letter.task_id, seq)
         await advisory.ack_sync()
-        self.reaped += 1
+        self.count("reaped")
         log.warning("reaper.reaped", task_id=letter.task_id, seq=seq, deliveries=deliveries)

@@ -29,6 +29,7 @@ from busscrape.model.steps import (
     WaitStable,
 )
 from busscrape.telemetry import tracing
+from busscrape.worker.page_errors import first_line
 
 # Resolves once the DOM has been quiet for `quiet` ms, or after `timeout` ms (false then).
 _WAIT_STABLE_JS = """
@@ -57,18 +58,14 @@ async def run_steps(page: Page, steps: tuple[Step, ...], *, default_timeout: flo
             with tracing.span(f"step {step.action}", **{"busscrape.step": index + 1}):
                 await _run(page, step, default_timeout, allow_evaluate, check_url, take_screenshot)
         except PlaywrightTimeout as exc:
-            raise NavigationTimeout(f"step {index + 1} ({step.action}) timed out: {_first_line(exc)}",
+            raise NavigationTimeout(f"step {index + 1} ({step.action}) timed out: {first_line(exc, 300)}",
                                     reason="step_timeout") from None
         except PlaywrightError as exc:
             if "Timeout" in exc.message:
-                raise NavigationTimeout(f"step {index + 1} ({step.action}) timed out: {_first_line(exc)}",
+                raise NavigationTimeout(f"step {index + 1} ({step.action}) timed out: {first_line(exc, 300)}",
                                         reason="step_timeout") from None
-            raise InvalidTask(f"step {index + 1} ({step.action}) failed: {_first_line(exc)}",
+            raise InvalidTask(f"step {index + 1} ({step.action}) failed: {first_line(exc, 300)}",
                               reason="step_failed") from None
-
-
-def _first_line(exc: PlaywrightError) -> str:
-    return (exc.message or str(exc)).splitlines()[0][:300]
 
 
 async def _run(page: Page, step: Step, default_timeout: float, allow_evaluate: bool, check_url: UrlChecker,

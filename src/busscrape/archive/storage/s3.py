@@ -25,7 +25,7 @@ from aiohttp_retry import ExponentialRetry, RetryClient
 from miniopy_async import Minio
 from miniopy_async.error import MinioException, S3Error
 
-from busscrape.archive.storage.local import Storage
+from busscrape.archive.storage.base import Storage
 from busscrape.errors import AuthenticationFailed, BusscrapeError, ConfigurationError, StorageUnavailable
 from busscrape.net import tls
 from busscrape.settings import S3Settings

@@ -1,24 +1,36 @@
-"""One settings object for every busscrape process.
+"""The sections of the settings, one model each (``BUSSCRAPE_<SECTION>__<FIELD>``).
 
-Values come from (highest first) CLI flags, ``BUSSCRAPE_*`` environment variables (sections
-nested with ``__``: ``BUSSCRAPE_NATS__URL``, ``BUSSCRAPE_WORKER__CONCURRENCY``), a ``.env`` file,
-then the defaults below. The CLI builds it once and passes it down; nothing reads the
-environment anywhere else. ``busscrape config`` prints the effective values (secrets masked).
+Every field has a docstring: ``busscrape config`` prints it and the README's configuration table
+is made from it (``reference``). Defaults are for a small machine and the embedded default; the
+README's operations section says what to raise in production.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from busscrape.units import Duration, Size
+
+__all__ = [
+    "ApiSettings",
+    "ArchiveSettings",
+    "BrowserSettings",
+    "DispatchSettings",
+    "IngesterSettings",
+    "NatsSettings",
+    "NetworkPolicySettings",
+    "S3Settings",
+    "SearchSettings",
+    "StreamSettings",
+    "TelemetrySettings",
+    "WorkerSettings",
+]
 
 # ``scheme://userinfo@rest`` (the userinfo ends at the last @ before the path).
 _URL_USERINFO = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/]*)@(?P<rest>[^@]*)$", re.I)
@@ -201,7 +213,8 @@ class WorkerSettings(_Section):
     """Longest retry delay (a larger ``Retry-After`` is capped to this)."""
     isolation: Literal["tab", "context"] = "tab"
     """``tab``: each slot reuses one context and page, wiped between tasks (cookies, storage,
-    cache, history: see busscrape/tabs.py), twice as fast; ``context``: a fresh context per task."""
+    cache, history: see busscrape/worker/browser/tabs.py), the faster; ``context``: a fresh context per task
+    (the README's performance section compares them)."""
     tab_max_uses: int = Field(100, ge=1)
     """Tasks one reused tab serves before it is replaced by a new one."""
     tab_wipe_delay: Duration = "500ms"
@@ -224,9 +237,8 @@ class WorkerSettings(_Section):
     max_har_bytes: Size = "100MB"
     """Largest HAR accepted; response bodies are dropped first, then the task fails."""
     max_screenshot_height: int = Field(4096, ge=256)
-    """Full-page screenshots are cut at this many CSS pixels (about five screens). Measured on the
-    2-core dev VM with typical 4,000-5,000 px article pages: viewport only 170 ms, capped here
-    500 ms, uncapped 590 ms, and a 33,000 px page uncapped 4.3 s."""
+    """Full-page screenshots are cut at this many CSS pixels (about five screens): a very long page
+    costs no more than a page this tall (the README's performance section has the figures)."""
     max_steps: int = Field(100, ge=1)
     """Most steps a task may carry."""
     reaper: bool = True
@@ -282,8 +294,8 @@ class ArchiveSettings(_Section):
     compress: bool = True
     """Store HTML, HAR and text gzip-compressed (``page.html.gz`` …, readable with zcat)."""
     gzip_level: int = Field(1, ge=1, le=9)
-    """zlib level of that compression. On a 150 KB bench page level 1 takes 1.7 ms for 40 KB,
-    level 6 6.2 ms for 30 KB: at 6 the HTML was the slowest step of archiving a result."""
+    """zlib level of that compression: 1 is several times faster than 6 for files about a third
+    larger (the README's performance section has the figures)."""
 
 
 class IngesterSettings(_Section):
@@ -356,114 +368,3 @@ class TelemetrySettings(_Section):
     """Address the daemons' ``/healthz``, ``/readyz`` and ``/metrics`` listen on."""
     http_port: int | None = 9464
     """Port of that server; 0 picks a free one, unset turns it off."""
-
-
-class Settings(BaseSettings):
-    """Everything configurable, from ``BUSSCRAPE_*`` variables (nested with ``__``)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="BUSSCRAPE_",
-        env_nested_delimiter="__",
-        env_file=".env",
-        env_parse_none_str="none",  # BUSSCRAPE_TELEMETRY__HTTP_PORT=none turns it off
-        extra="ignore",
-        use_attribute_docstrings=True,
-        validate_default=True,
-    )
-
-    state_dir: Path = Path(".busscrape")
-    """Local state of the embedded default: nats-server store, archive, logs."""
-    nats: NatsSettings = NatsSettings()
-    streams: StreamSettings = StreamSettings()
-    dispatch: DispatchSettings = DispatchSettings()
-    browser: BrowserSettings = BrowserSettings()
-    worker: WorkerSettings = WorkerSettings()
-    network: NetworkPolicySettings = NetworkPolicySettings()
-    s3: S3Settings = S3Settings()
-    archive: ArchiveSettings = ArchiveSettings()
-    ingester: IngesterSettings = IngesterSettings()
-    search: SearchSettings = SearchSettings()
-    api: ApiSettings = ApiSettings()
-    telemetry: TelemetrySettings = TelemetrySettings()
-
-    @field_validator("state_dir")
-    @classmethod
-    def _expand(cls, value: Path) -> Path:
-        return value.expanduser()
-
-    def archive_dir(self) -> Path:
-        """The local archive folder (used when no S3 endpoint is set)."""
-        return self.archive.dir or self.state_dir / "archive"
-
-    def search_path(self) -> Path:
-        """The SQLite search index file."""
-        return self.search.sqlite_path or self.state_dir / "search.sqlite3"
-
-    def with_overrides(self, **sections: dict[str, object]) -> Settings:
-        """A copy with some fields replaced, re-validated (how CLI flags win over env)."""
-        data = self.model_dump()
-        for section, values in sections.items():
-            clean = {k: v for k, v in values.items() if v is not None}
-            if isinstance(data.get(section), dict):
-                data[section].update(clean)
-            elif clean:
-                raise KeyError(section)
-        # model_dump keeps SecretStr objects in python mode, so secrets survive the copy.
-        return Settings.model_validate(data)
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that gives a child process exactly ``settings`` (secrets included).
-
-    Each section travels as one JSON variable (``BUSSCRAPE_WORKER='{"concurrency": 2, …}'``);
-    the rest of the parent's environment is kept, its other ``BUSSCRAPE_*`` variables dropped.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
-    for name in Settings.model_fields:
-        value = getattr(settings, name)
-        if isinstance(value, BaseModel):
-            data = value.model_dump(mode="json")
-            for field_name, field_value in value:
-                if isinstance(field_value, SecretStr):
-                    data[field_name] = field_value.get_secret_value()
-            env[f"BUSSCRAPE_{name.upper()}"] = json.dumps(data)
-        else:
-            env[f"BUSSCRAPE_{name.upper()}"] = str(value)
-    return env
-
-
-def reference() -> list[tuple[str, str, str]]:
-    """Every setting as (variable, default, meaning): the README's configuration table.
-
-    Defaults are the declared ones (not this environment's values); computed ones say so.
-    """
-    rows: list[tuple[str, str, str]] = []
-
-    def default(field: Any) -> str:
-        if field.default_factory is not None:
-            return "(computed)"
-        value = field.default
-        if value is None or value == [] or value == "":
-            return ""
-        if isinstance(value, BaseModel):
-            return ""
-        return str(value)
-
-    def meaning(field: Any) -> str:
-        return " ".join((field.description or "").split()).replace("|", "\\|")
-
-    for name, field in Settings.model_fields.items():
-        section = getattr(field.annotation, "model_fields", None)
-        if section is None:
-            rows.append((f"BUSSCRAPE_{name.upper()}", default(field), meaning(field)))
-            continue
-        for sub, subfield in section.items():
-            rows.append((f"BUSSCRAPE_{name.upper()}__{sub.upper()}", default(subfield), meaning(subfield)))
-    return rows
-
-
-def reference_markdown() -> str:
-    """``reference()`` as a Markdown table."""
-    lines = ["| variable | default | meaning |", "|---|---|---|"]
-    lines += [f"| `{var}` | {f'`{dflt}`' if dflt else ''} | {text} |" for var, dflt, text in reference()]
-    return "\n".join(lines) + "\n"

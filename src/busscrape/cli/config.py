@@ -1,0 +1,49 @@
+"""``busscrape config``: the effective settings, or the table of every setting."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from busscrape.cli.app import app, out, settings
+
+
+@app.command("config")
+def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+                markdown: bool = typer.Option(False, "--markdown", help="Print every setting with its default "
+                                              "and meaning as a Markdown table (the README's).")) -> None:
+    """Print the effective settings (secrets masked) and where each can be set."""
+    if markdown:
+        from busscrape.settings.reference import reference_markdown
+
+        sys.stdout.write(reference_markdown())
+        return
+    from busscrape.settings import Settings
+
+    s = settings()
+    data = s.model_dump(mode="json")
+    if as_json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    from rich.table import Table
+
+    table = Table("variable", "value", "meaning", show_lines=False)
+    for name, field in Settings.model_fields.items():
+        value = data[name]
+        if isinstance(value, dict):
+            section = getattr(Settings.model_fields[name].annotation, "model_fields", {})
+            for sub, subfield in section.items():
+                table.add_row(f"BUSSCRAPE_{name.upper()}__{sub.upper()}", _short(value[sub]),
+                              (subfield.description or "").split("\n")[0])
+        else:
+            table.add_row(f"BUSSCRAPE_{name.upper()}", _short(value), field.description or "")
+    out.print(table)
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:39] + "…"
