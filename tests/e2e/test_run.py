@@ -158,3 +158,40 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
             proc.wait(60)
     assert runner.returncode == 0, output[-3000:]
     assert len(metas(tmp_path / "state" / "archive")) == len(urls)
+
+
+async def test_run_returns_only_once_every_dead_letter_it_counts_is_archived(tmp_path, site, nats_server):
+    """The `dead` record comes before the archivist copies the letter: `run` waits for the copy."""
+    from busscrape.bus import provision, topology
+
+    pages.install(site)
+    path = tmp_path / "urls.txt"
+    path.write_text(f"{site.url('/missing-1')}\n{site.url('/missing-2')}\n")
+    archive = tmp_path / "state" / "archive"
+    settings = make_settings(tmp_path, nats_server.url, network={"allow": [f"{h}/32" for h in site.hosts]},
+                             archive={"dir": str(archive)})
+    async with await Bus.connect(settings, name="prep") as bus:
+        for info in await bus.js.streams_info():
+            await bus.js.delete_stream(info.config.name)
+        await provision.apply(bus.js, topology.load(settings))
+        env = run_env(tmp_path, site, BUSSCRAPE_NATS__URL=nats_server.url)
+        worker = spawn(["worker"], env_for(settings), tmp_path / "worker.log")
+        runner = cli(["run", str(path)], tmp_path, env)
+        ingester = None
+        try:
+            for _ in range(600):  # both tasks dead-lettered by the worker; no ingester runs yet
+                letters = (await bus.js.stream_info(names.DEADLETTER_STREAM)).state.messages
+                if letters == 2:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(2)
+            assert runner.poll() is None, "run returned before the dead letters were archived"
+            ingester = spawn(["ingester"], env_for(settings), tmp_path / "ingester.log")
+            output, _ = await asyncio.to_thread(runner.communicate, timeout=120)
+        finally:
+            for proc in (worker, ingester):
+                if proc is not None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(60)
+    assert runner.returncode == 0, output[-3000:]
+    assert len(list(archive.glob("deadletter/dt=*/*.json"))) == 2  # there when `run` returned

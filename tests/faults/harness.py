@@ -1,9 +1,10 @@
 """A fleet of real busscrape processes on loopback, and the faults to throw at it.
 
-``Fleet`` runs a nats-server (file storage), an S3-protocol server behind a proxy, worker
-processes and an ingester process — all the real binaries and CLI — and knows how to kill and
-restart each of them. ``Audit`` reads what the run left behind (the archive, DEADLETTER,
-TASKS, RESULTS, ARTIFACTS) and counts every task.
+``Fleet`` runs a nats-server (file storage) or a three-node cluster, an S3-protocol server behind
+a proxy, worker processes (through a relay that can withhold PubAcks, on one server) and an
+ingester process — all the real binaries and CLI — and knows how to kill and restart each of
+them, fill RESULTS up and lose PubAcks. ``Audit`` reads what the run left behind (the archive,
+DEADLETTER, TASKS, RESULTS, ARTIFACTS) and counts every task.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from busscrape.model.messages import DeadLetter, decode
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
 from tests.support.bus import stream_messages
+from tests.support.cluster import NatsCluster
 from tests.support.procs import env_for, kill9, spawn
+from tests.support.relay import Relay, results_puback
 from tests.support.s3 import S3Server
 
 log = structlog.get_logger("faults")
@@ -36,25 +39,32 @@ log = structlog.get_logger("faults")
 class Fleet:
     workdir: Path
     settings: Settings
-    nats: EmbeddedNatsServer
+    nats: EmbeddedNatsServer | NatsCluster
     s3: S3Server
+    relay: Relay | None = None
+    """Between the workers and nats-server (one server only): can withhold RESULTS PubAcks."""
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ingester: subprocess.Popen[bytes] | None = None
     faults: Counter[str] = field(default_factory=Counter)
 
-    def env(self) -> dict[str, str]:
-        # The worker and ingester settings the test chose (retry delays, the stray-chunk sweep …).
+    def env(self, nats_url: str | None = None) -> dict[str, str]:
+        # The settings the test chose (retry delays, the stray-chunk sweep, RESULTS' trim …).
         chosen = {}
-        for section in ("worker", "ingester"):
+        for section in ("worker", "ingester", "streams", "nats"):
             model = getattr(self.settings, section)
             values = model.model_dump(mode="json", include=model.model_fields_set)
             chosen.update({f"BUSSCRAPE_{section.upper()}__{key.upper()}": v if isinstance(v, str) else json.dumps(v)
                            for key, v in values.items()})
-        return env_for(self.settings, BUSSCRAPE_S3=json.dumps({**self.s3.settings(self.settings.s3.bucket)}),
-                       **chosen)
+        chosen.pop("BUSSCRAPE_NATS__URL", None)
+        env = env_for(self.settings, BUSSCRAPE_S3=json.dumps({**self.s3.settings(self.settings.s3.bucket)}),
+                      **chosen)
+        if nats_url:
+            env["BUSSCRAPE_NATS__URL"] = nats_url
+        return env
 
     def start_worker(self, name: str) -> None:
-        self.workers[name] = spawn(["worker"], {**self.env(), "BUSSCRAPE_WORKER__NAME": name},
+        url = self.relay.url if self.relay is not None else None
+        self.workers[name] = spawn(["worker"], {**self.env(url), "BUSSCRAPE_WORKER__NAME": name},
                                    self.workdir / f"{name}.log")
 
     def start_ingester(self) -> None:
@@ -72,11 +82,41 @@ class Fleet:
         self.start_worker(name)
 
     async def kill_nats(self, down_for: float) -> None:
+        assert isinstance(self.nats, EmbeddedNatsServer)
         await asyncio.to_thread(self.nats.kill)
         self.faults["nats_sigkill"] += 1
         log.warning("fault.nats_killed", down_for=down_for)
         await asyncio.sleep(down_for)
         await asyncio.to_thread(self.nats.start)
+
+    async def kill_node(self, index: int, down_for: float) -> None:
+        """SIGKILL one node of the cluster; start it again on its store after ``down_for``."""
+        assert isinstance(self.nats, NatsCluster)
+        node = self.nats.nodes[index]
+        await asyncio.to_thread(node.kill)
+        self.faults["node_sigkill"] += 1
+        log.warning("fault.node_killed", node=node.name, down_for=down_for)
+        await asyncio.sleep(down_for)
+        await asyncio.to_thread(node.start)
+
+    async def lose_pubacks(self, seconds: float) -> None:
+        """Every PubAck of a result withheld for a while: the server stores, the worker never hears."""
+        assert self.relay is not None
+        self.relay.withhold = results_puback
+        await asyncio.sleep(seconds)
+        self.relay.withhold = None
+        self.faults["pubacks_lost"] += self.relay.withheld
+        log.warning("fault.pubacks_lost", withheld=self.relay.withheld)
+
+    async def fill_results(self, bus: Bus, seconds: float) -> None:
+        """RESULTS full (its message limit down to what it holds) for a while: back-pressure."""
+        config = (await bus.js.stream_info(names.RESULTS_STREAM)).config
+        held = (await bus.js.stream_info(names.RESULTS_STREAM)).state.messages
+        await bus.js.update_stream(config.evolve(max_msgs=max(held, 1)))
+        self.faults["results_full"] += 1
+        log.warning("fault.results_full", seconds=seconds, messages=held)
+        await asyncio.sleep(seconds)
+        await bus.js.update_stream(config)
 
     async def s3_outage(self, seconds: float) -> None:
         self.s3.outage()
@@ -125,6 +165,8 @@ class Audit:
     dispatched: set[str]
     archived: Counter[str]
     """task id -> number of archive folders holding it"""
+    results: Counter[str]
+    """task id -> number of results RESULTS holds for it (RESULTS keeps them for the whole run)"""
     dead: dict[str, DeadLetter]
     poison_found: set[tuple[str, int]]
     tasks_left: int
@@ -141,9 +183,14 @@ class Audit:
 
     @property
     def duplicates(self) -> int:
-        twice = sum(1 for n in self.archived.values() if n > 1)
-        both = len(set(self.archived) & set(self.dead))
-        return twice + both
+        """Tasks archived in two folders, with two results in RESULTS, or both archived and dead."""
+        twice = {t for t, n in self.archived.items() if n > 1} | {t for t, n in self.results.items() if n > 1}
+        return len(twice | (set(self.archived) & set(self.dead)))
+
+    def unexpected_dead(self, may_die: set[str]) -> dict[str, str]:
+        """Letters for tasks not designed to die (task id -> reason): each one is a loss."""
+        return {t: f"{d.reason}: {d.error[:200]}" for t, d in self.dead.items() if t in self.dispatched
+                and t not in may_die}
 
     def line(self, faults: int) -> str:
         archived = len(set(self.archived) & self.dispatched)
@@ -167,6 +214,10 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
             dead[letter.task_id] = letter
         elif letter.source and letter.source.seq is not None:
             poison_found.add((letter.source.stream, letter.source.seq))
+    results: Counter[str] = Counter()
+    info = await bus.js.stream_info(names.RESULTS_STREAM, subjects_filter=names.result_subject(">"))
+    for subject, n in (info.state.subjects or {}).items():
+        results[subject.rsplit(".", 1)[-1]] += n
     tasks = await bus.js.stream_info(names.TASKS_STREAM)
     ingest = await bus.js.consumer_info(names.RESULTS_STREAM, names.INGESTERS_CONSUMER)
     # A released object has its chunks purged: live objects are the chunk subjects still there.
@@ -177,7 +228,7 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
     stored_names = sorted(names.object_name_of(subject)
                    for subject in metas.state.subjects or {})
     nameless = sorted(await ArtifactStore(bus.js).nameless_chunks()) if objects else []
-    return Audit(dispatched=dispatched, archived=archived, dead=dead, poison_found=poison_found,
+    return Audit(dispatched=dispatched, archived=archived, results=results, dead=dead, poison_found=poison_found,
                  tasks_left=tasks.state.messages,
                  results_pending=(ingest.num_pending or 0) + (ingest.num_ack_pending or 0),
                  live_artifacts=objects, artifact_names=stored_names,

@@ -1,13 +1,19 @@
 """Nothing is lost: a few hundred tasks through real processes while everything fails.
 
-During the run the harness SIGKILLs a random worker every few seconds (and restarts it),
-SIGKILLs nats-server and restarts it on the same store, takes S3 down for 25 s, SIGKILLs the
-ingester, publishes poison messages straight into TASKS and RESULTS, and leaves chunks that no
-object names in ARTIFACTS. Then it counts: every dispatched task archived exactly once or
-dead-lettered with a reason, TASKS and RESULTS empty of work, no task in two archive folders,
-every poison message in DEADLETTER, no artifacts left in the object store (the workers'
-stray-chunk sweep purges chunks that lost their meta). It prints one line:
-``tasks=N archived=A dead=D lost=0 duplicates=0 faults=F``.
+Two variants, each ending with one line, ``tasks=N archived=A dead=D lost=0 duplicates=0
+faults=F``:
+
+- **one server**: the harness SIGKILLs a random worker every few seconds (and restarts it),
+  SIGKILLs nats-server and restarts it on the same store, withholds every PubAck of a result for
+  a while (a relay between workers and server: stored, never confirmed), fills RESULTS up (its
+  limit down to what it holds: back-pressure), takes S3 down for 25 s, SIGKILLs the ingester;
+- **a three-node cluster**, every stream and bucket R3: nodes SIGKILLed and restarted one at a
+  time (a restarted node catches up while readers ask it), workers and the ingester killed too.
+
+Both also publish poison messages straight into TASKS and RESULTS and leave chunks that no object
+names in ARTIFACTS. Then they count: every dispatched task archived exactly once (one folder, one
+result in RESULTS) or dead-lettered — and only the tasks designed to die (broken links) may be;
+TASKS and RESULTS empty of work; every poison message in DEADLETTER; no artifacts left.
 """
 
 from __future__ import annotations
@@ -15,22 +21,33 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 
 from busscrape.bus import provision, topology
 from busscrape.bus.connection import Bus
+from busscrape.bus.retry import TRANSIENT
 from busscrape.dispatch.dispatcher import Dispatcher
+from busscrape.dispatch.identity import TaskIdentity
+from busscrape.errors import StorageUnavailable
 from busscrape.ops.nats_server import EmbeddedNatsServer
+from busscrape.settings import Settings
 from tests.conftest import make_settings
 from tests.faults.harness import Fleet, audit
+from tests.support.cluster import NatsCluster
+from tests.support.relay import Relay
 from tests.support.site import Site
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.s3, pytest.mark.timeout(900)]
 
 TASKS = 200
+BROKEN = 5  # links that answer 404: the only tasks that may end dead-lettered
 WORKERS = 2
+
+Chaos = Callable[[Fleet, Bus], Awaitable[None]]
 
 
 @pytest.fixture
@@ -47,92 +64,150 @@ def fault_site():
         yield site
 
 
-async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
-    nats = EmbeddedNatsServer(tmp_path / "nats").start()
-    settings = make_settings(
-        tmp_path, nats.url,
-        network={"allow": [f"{h}/32" for h in fault_site.hosts]},
-        streams={"worker_ack_wait": "6s", "worker_max_deliver": 12, "ingester_ack_wait": "20s"},
+def fault_settings(tmp_path: Path, url: str, site: Site, s3, **streams: object) -> Settings:
+    return make_settings(
+        tmp_path, url,
+        network={"allow": [f"{h}/32" for h in site.hosts]},
+        # RESULTS keeps every result for the run, so the audit can count them per task.
+        streams={"worker_ack_wait": "6s", "worker_max_deliver": 12, "ingester_ack_wait": "20s",
+                 "results_keep_acked": "1h", **streams},
         worker={"concurrency": 2, "navigation_timeout": "20s", "retry_base_delay": "500ms", "retry_max_delay": "3s",
                 "grace_period": "2s", "stray_chunk_interval": "40s"},
         ingester={"retry_base_delay": "500ms", "retry_max_delay": "3s"},
         s3=s3.settings(f"faults-{uuid.uuid4().hex[:8]}"),
         nats={"connect_timeout": 5},
     )
-    fleet = Fleet(tmp_path, settings, nats, s3)
-    try:
-        async with await Bus.connect(settings, name="faults") as bus:
-            await provision.apply(bus.js, topology.load(settings))
-            for i in range(WORKERS):
-                fleet.start_worker(f"worker-{i + 1}")
-            fleet.start_ingester()
 
-            urls = tmp_path / "urls.txt"
-            urls.write_text("".join(f"http://{fault_site.hosts[i % 3]}:{fault_site.port}/p?n={i}\n"
-                                    for i in range(TASKS)))
-            dispatched: set[str] = set()
-            async with Dispatcher(bus, settings, on_published=dispatched.add) as dispatcher:
-                summary = await dispatcher.dispatch(str(urls))
-            assert summary.published == TASKS
 
-            poison = await fleet.poison(bus)
-            await fleet.orphan_chunks(bus)
-            started = time.monotonic()
+async def run_under_faults(tmp_path: Path, settings: Settings, fleet: Fleet, site: Site, chaos: Chaos,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    async with await Bus.connect(settings, name="faults") as bus:
+        await provision.apply(bus.js, topology.load(settings))
+        for i in range(WORKERS):
+            fleet.start_worker(f"worker-{i + 1}")
+        fleet.start_ingester()
 
-            async def chaos() -> None:
-                await asyncio.sleep(3)
-                await fleet.kill_a_worker()
-                await asyncio.sleep(3)
-                await fleet.kill_nats(down_for=2)
-                await asyncio.sleep(3)
-                await fleet.kill_a_worker()
-                outage = asyncio.create_task(fleet.s3_outage(25))
-                for _ in range(4):
-                    await asyncio.sleep(5)
-                    await fleet.kill_a_worker()
-                await outage
-                await asyncio.sleep(1.5)
-                await fleet.kill_ingester()  # while it catches up on the backlog: mid-write
-                await asyncio.sleep(4)
-                await fleet.kill_a_worker()
+        urls = tmp_path / "urls.txt"
+        lines = [f"http://{site.hosts[i % 3]}:{site.port}/p?n={i}\n" for i in range(TASKS)]
+        broken = [f"http://{site.hosts[i % 3]}:{site.port}/missing?n={i}\n" for i in range(BROKEN)]
+        urls.write_text("".join(lines + broken))
+        dispatched: set[str] = set()
+        async with Dispatcher(bus, settings, on_published=dispatched.add) as dispatcher:
+            summary = await dispatcher.dispatch(str(urls))
+        assert summary.published == TASKS + BROKEN
+        may_die = dispatched & _task_ids(settings, broken)
+        assert len(may_die) == BROKEN
 
-            await chaos()
+        poison = await fleet.poison(bus)
+        await fleet.orphan_chunks(bus)
+        started = time.monotonic()
+        await chaos(fleet, bus)
 
-            async def finished() -> bool:
+        async def finished() -> bool:
+            try:
                 report = await audit(bus, settings, dispatched)
+            except (*TRANSIENT, StorageUnavailable) as exc:  # a node just restarted: its groups elect leaders
                 with capsys.disabled():
-                    # Progress: "unfinished" is what is neither archived nor dead yet (only at the
-                    # end does that count as lost).
-                    print(f"  {time.monotonic() - started:4.0f}s archived={len(report.archived)} "
-                          f"dead={len(report.dead)} unfinished={len(report.lost)} tasks_left={report.tasks_left} "
-                          f"results_pending={report.results_pending}", flush=True)
-                return not report.lost and report.tasks_left == 0 and report.results_pending == 0
-
-            while not await finished():
-                assert time.monotonic() - started < 600, "the fleet did not finish within 10 minutes"
-                await asyncio.sleep(3)
-            # The last releases land within moments; chunks whose meta a fault took are purged by
-            # the workers' stray-chunk sweep on its second sighting (a pass every ~40 s here).
-            for _ in range(50):
-                report = await audit(bus, settings, dispatched)
-                if not report.live_artifacts:
-                    break
-                await asyncio.sleep(2)
-            faults = sum(fleet.faults.values())
-            line = report.line(faults)
-            strays = sum(path.read_text().count("leftovers.stray_chunks") for path in tmp_path.glob("worker-*.log"))
+                    print(f"  audit postponed: {exc!r}", flush=True)
+                return False
             with capsys.disabled():
-                print(f"\n{line}  ({dict(fleet.faults)}, stray chunk sweeps that purged: {strays}, "
-                      f"{time.monotonic() - started:.0f}s)")
+                # Progress: "unfinished" is what is neither archived nor dead yet (only at the
+                # end does that count as lost).
+                print(f"  {time.monotonic() - started:4.0f}s archived={len(report.archived)} "
+                      f"dead={len(report.dead)} unfinished={len(report.lost)} tasks_left={report.tasks_left} "
+                      f"results_pending={report.results_pending}", flush=True)
+            return not report.lost and report.tasks_left == 0 and report.results_pending == 0
 
-            assert report.lost == set()
-            assert report.duplicates == 0
-            assert all(count == 1 for count in report.archived.values())
-            assert all(d.reason for d in report.dead.values())
-            assert report.tasks_left == 0 and report.results_pending == 0
-            assert set(poison) <= report.poison_found, "a poison message is missing from DEADLETTER"
-            assert report.live_artifacts == 0, (report.artifact_names, report.nameless_chunks)
-            assert line.startswith(f"tasks={TASKS} ") and " lost=0 duplicates=0 " in line
+        while not await finished():
+            assert time.monotonic() - started < 600, "the fleet did not finish within 10 minutes"
+            await asyncio.sleep(3)
+        # The last releases land within moments; chunks whose meta a fault took are purged by
+        # the workers' stray-chunk sweep on its second sighting (a pass every ~40 s here).
+        for _ in range(50):
+            report = await audit(bus, settings, dispatched)
+            if not report.live_artifacts:
+                break
+            await asyncio.sleep(2)
+        faults = sum(fleet.faults.values())
+        line = report.line(faults)
+        logs = "".join(path.read_text() for path in tmp_path.glob("worker-*.log"))
+        with capsys.disabled():
+            print(f"\n{line}  ({dict(fleet.faults)}, stray chunk sweeps that purged: "
+                  f"{logs.count('leftovers.stray_chunks')}, results held for room: {logs.count('result.held')}, "
+                  f"{time.monotonic() - started:.0f}s)")
+
+        assert report.lost == set()
+        assert report.unexpected_dead(may_die) == {}, "a task that should have been archived was dead-lettered"
+        assert set(report.dead) & dispatched == may_die
+        assert report.duplicates == 0
+        assert all(count == 1 for count in report.archived.values())
+        archived = set(report.archived)
+        assert {t: n for t, n in report.results.items() if t in archived and n != 1} == {}
+        assert archived <= set(report.results), "an archived task has no result in RESULTS"
+        assert all(d.reason for d in report.dead.values())
+        assert report.tasks_left == 0 and report.results_pending == 0
+        assert set(poison) <= report.poison_found, "a poison message is missing from DEADLETTER"
+        assert report.live_artifacts == 0, (report.artifact_names, report.nameless_chunks)
+        assert line.startswith(f"tasks={TASKS + BROKEN} archived={TASKS} dead={BROKEN} lost=0 duplicates=0 ")
+
+
+def _task_ids(settings: Settings, lines: list[str]) -> set[str]:
+    identity = TaskIdentity(settings)
+    return {identity.of_url(line.strip()) for line in lines}
+
+
+async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
+    nats = EmbeddedNatsServer(tmp_path / "nats").start()
+    settings = fault_settings(tmp_path, nats.url, fault_site, s3)
+
+    async def chaos(fleet: Fleet, bus: Bus) -> None:
+        await asyncio.sleep(3)
+        await fleet.kill_a_worker()
+        await asyncio.sleep(2)
+        await fleet.lose_pubacks(8)  # each worker's results in that time: stored, never confirmed
+        await fleet.kill_nats(down_for=2)
+        await asyncio.sleep(3)
+        await fleet.kill_a_worker()
+        await fleet.fill_results(bus, 8)
+        outage = asyncio.create_task(fleet.s3_outage(25))
+        for _ in range(4):
+            await asyncio.sleep(5)
+            await fleet.kill_a_worker()
+        await outage
+        await asyncio.sleep(1.5)
+        await fleet.kill_ingester()  # while it catches up on the backlog: mid-write
+        await asyncio.sleep(4)
+        await fleet.kill_a_worker()
+
+    async with Relay(nats.port or 0) as relay:
+        fleet = Fleet(tmp_path, settings, nats, s3, relay=relay)
+        try:
+            await run_under_faults(tmp_path, settings, fleet, fault_site, chaos, capsys)
+        finally:
+            fleet.stop()
+            nats.stop()
+
+
+async def test_nothing_is_lost_on_a_cluster_under_faults(tmp_path, s3, fault_site, capsys):
+    cluster = NatsCluster(tmp_path / "cluster")
+    await asyncio.to_thread(cluster.start)
+    settings = fault_settings(tmp_path, cluster.url, fault_site, s3, replicas=3)
+
+    async def chaos(fleet: Fleet, bus: Bus) -> None:
+        await asyncio.sleep(3)
+        for node in range(3):  # each node in turn: down for a while, back, catching up under load
+            await fleet.kill_node(node, down_for=4)
+            await asyncio.sleep(2)
+            await fleet.kill_a_worker()
+            await asyncio.sleep(4)
+        await fleet.kill_ingester()
+        await asyncio.sleep(3)
+        await fleet.kill_node(1, down_for=2)
+        await fleet.kill_a_worker()
+
+    fleet = Fleet(tmp_path, settings, cluster, s3)
+    try:
+        await run_under_faults(tmp_path, settings, fleet, fault_site, chaos, capsys)
     finally:
         fleet.stop()
-        nats.stop()
+        await asyncio.to_thread(cluster.stop)

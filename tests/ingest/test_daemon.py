@@ -139,7 +139,8 @@ async def test_a_result_is_archived_at_the_documented_keys_and_its_artifacts_rel
 @pytest.mark.s3
 @pytest.mark.parametrize("crash", ["before_meta", "before_ack"])
 async def test_a_redelivered_result_leaves_the_same_keys_and_bytes(bus, s3_storage, tmp_path, crash):
-    settings = make_settings(tmp_path, bus.settings.nats.url, streams={"ingester_ack_wait": "2s"})
+    settings = make_settings(tmp_path, bus.settings.nats.url,
+                             streams={"ingester_ack_wait": "2s", "folder_lease_ttl": "3s"})
     await provision.apply(bus.js, topology.load(settings))
     result = await produce(bus.js)
     # A first ingester takes the result, writes everything, and dies before its ack.
@@ -334,7 +335,8 @@ async def test_without_the_dead_letter_consumer_the_ingester_refuses_to_start(ap
 
 @pytest.mark.slow
 async def test_a_kill_mid_write_leaves_no_partial_file_visible(bus, tmp_path):
-    settings = make_settings(tmp_path, bus.settings.nats.url, streams={"ingester_ack_wait": "2s"})
+    settings = make_settings(tmp_path, bus.settings.nats.url,
+                             streams={"ingester_ack_wait": "2s", "folder_lease_ttl": "3s"})
     await provision.apply(bus.js, topology.load(settings))
     big = os.urandom(48 * 1024 * 1024)  # incompressible: gzip takes a while, long enough to kill it mid-way
     files = {"screenshot.png": PNG, "page.html": big}

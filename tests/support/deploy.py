@@ -54,6 +54,7 @@ METRICS = {
     "busscrape_dead_letters_total": {"stage", "reason"},
     "busscrape_browser_restarts_total": set(),
     "busscrape_consumer_lag": {"consumer"},
+    "busscrape_results_full": set(),
 }
 TASK_OUTCOMES = {"completed", "retried", "dead", "poison"}
 TARGET_LABELS = {"instance", "job"}  # added by Prometheus to every series

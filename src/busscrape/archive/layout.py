@@ -159,6 +159,27 @@ def describes(meta: bytes, result: ScrapeResult, archive_plan: ArchivePlan) -> b
     return same_task and same_time and objects == planned
 
 
+STAGING = ".staging"
+"""A folder's staging area (``<folder>/.staging/<file>``), where a result that replaces another one
+of the same day waits until it is complete. Dot-named: the archive's readers skip it."""
+
+
+def staged_key(folder: str, key: str) -> str:
+    """Where ``key`` of ``folder`` is staged."""
+    return f"{folder}/{STAGING}/{key.rsplit('/', 1)[-1]}"
+
+
+def supersedes(meta: bytes, result: ScrapeResult) -> bool:
+    """Whether a stored ``meta.json`` describes a later scrape than ``result`` (the folder keeps
+    the latest scrape of its task and day: an older result arriving after it writes nothing)."""
+    try:
+        doc = orjson.loads(meta)
+        stored = (datetime.fromisoformat(doc["scraped_at"]), doc["task_seq"], doc["attempt"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return False  # unreadable: rewrite it
+    return stored > (result.scraped_at, result.task_seq, result.attempt)
+
+
 def listed_keys(meta: bytes) -> set[str]:
     """The object keys a stored ``meta.json`` lists (none when it is unreadable)."""
     try:

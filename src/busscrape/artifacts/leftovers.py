@@ -4,10 +4,11 @@ A worker killed between storing a task's artifacts and publishing its result, or
 failed while NATS was away, leaves objects that nothing will archive or release. The bucket's TTL
 would collect them days later; but the delivery that settles the task knows where they are, since
 object names are ``<task_id>/<task_seq>/<attempt>/<file>`` and the files follow from the task
-(``artifacts.files.capture_files``). So the worker that publishes a retried task's result or files its dead
-letter, and the reaper, discard the earlier attempts' objects, all but those of the result that
-RESULTS holds for this task (when an earlier attempt published one and died before its ack, that
-result is the one the ingester archives).
+(``artifacts.files.capture_files``). So the worker that publishes a retried task's result or files
+its dead letter, and the reaper, discard the earlier attempts' objects, all but those of every
+result RESULTS holds for this task (when an earlier attempt published one and died before its
+ack, or its PubAck was lost, that result is the one the ingester archives), read from the
+stream's leader (``status.standing``).
 
 Those are found by name. ``StrayChunks`` collects what has no name any more: chunks whose meta
 is gone (a delivery's put that went on writing after another delivery had discarded its object,
@@ -20,56 +21,33 @@ import asyncio
 import random
 from collections.abc import Iterable
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 
 from busscrape.artifacts.files import capture_files
 from busscrape.artifacts.store import ArtifactStore, object_name
-from busscrape.bus import names
 from busscrape.bus.retry import TRANSIENT
-from busscrape.errors import MessageDecodeError, StorageUnavailable
-from busscrape.model.messages import ScrapeResult, ScrapeTask, decode
+from busscrape.errors import StorageUnavailable
+from busscrape.model.messages import ScrapeTask
+from busscrape.status.standing import objects_of, standing_results
 
 log = structlog.get_logger("busscrape.leftovers")
 
 
 
-async def referenced(js: JetStreamContext, task_id: str, seq: int) -> set[str] | None:
-    """The objects of the result RESULTS holds for this task and ``seq`` (empty when it holds none).
-
-    None when that cannot be told (RESULTS does not answer, or its last result for the task is
-    another dispatch's): then nothing may be discarded.
-    """
-    try:
-        msg = await js.get_last_msg(names.RESULTS_STREAM, names.result_subject(task_id))
-    except nats.js.errors.NotFoundError:
-        return set()
-    except TRANSIENT:
-        return None
-    try:
-        result = decode(ScrapeResult, msg.data or b"")
-    except MessageDecodeError:
-        return None
-    return {ref.object for ref in result.artifacts} if result.task_seq == seq else None
-
-
 async def sweep(js: JetStreamContext, store: ArtifactStore, task: ScrapeTask, seq: int, attempts: Iterable[int],
                 keep: set[str] | None = None) -> int:
-    """Discard the objects of ``attempts`` of this task, but those of the result that stands;
-    the number found.
-
-    ``keep`` is that result's objects when the caller knows them (its own result, just
-    published); otherwise RESULTS is asked, and nothing is discarded when it cannot tell.
-    Best effort: what a failing request leaves, the bucket's TTL collects.
+    """Discard the objects of ``attempts`` of this task but ``keep`` and those of every result
+    RESULTS holds for it (an earlier attempt's result may be there, not yet archived); the number
+    found. Nothing is discarded when RESULTS does not answer. Best effort: what a failing request
+    leaves, the bucket's TTL collects.
     """
-    if keep is None:
-        keep = await referenced(js, task.task_id, seq)
-        if keep is None:
-            return 0
+    standing = await standing_results(js, task.task_id, seq)
+    if standing is None:
+        return 0
+    spared = (keep or set()) | objects_of(standing)
     doomed = [name for attempt in attempts for file in capture_files(task)
-             if (name := object_name(task.task_id, seq, attempt, file)) not in keep]
+              if (name := object_name(task.task_id, seq, attempt, file)) not in spared]
     outcomes = await asyncio.gather(*(store.delete(name) for name in doomed), return_exceptions=True)
     found = sum(1 for outcome in outcomes if outcome is True)
     failed = [repr(o) for o in outcomes if isinstance(o, BaseException)]

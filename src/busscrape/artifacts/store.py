@@ -30,13 +30,14 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 import orjson
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 
 from busscrape.bus import names
 from busscrape.bus.compat import connection_of, next_nuid
 from busscrape.bus.names import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 from busscrape.bus.publisher import Publication, Publisher, PublishFailed
 from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.scan import scan, scan_config
 from busscrape.errors import ArtifactUnusable, StorageUnavailable
 from busscrape.model.messages import ArtifactRef
 
@@ -71,6 +72,8 @@ class ArtifactStore:
         self.timeout = timeout
         self._publisher: Publisher | None = None
         self._opening = asyncio.Lock()
+        self.leader_reads = 0
+        """Chunks a direct get did not return and the stream's leader did (a lagging replica)."""
 
     async def close(self) -> None:
         """Stop the publisher behind ``put`` (if one was started)."""
@@ -148,7 +151,9 @@ class ArtifactStore:
         """Yield the object's bytes chunk by chunk; the sha256 and size are checked at the end.
 
         Chunks come by batched direct gets (a few requests per object, no consumer to create):
-        up to ``_READ_BATCH`` chunks in flight, so memory stays bounded whatever the size.
+        up to ``_READ_BATCH`` chunks in flight, so memory stays bounded whatever the size. Where
+        a batch comes back short, the stream's leader is asked for the next chunk before the
+        object counts as gone: any replica may answer a direct get, also one still catching up.
         Raises ``ArtifactUnusable`` when the object is gone or does not match its claim check
         (dead-letter), ``StorageUnavailable`` when NATS does not answer (retry).
         """
@@ -174,8 +179,22 @@ class ArtifactStore:
                     size += len(data)
                     yield data
             if size == before:
-                raise _missing(ref) if size == 0 else ArtifactUnusable(
-                    f"artifact {ref.object} ends after {size} of {ref.size} bytes", reason="artifact_truncated")
+                # A direct get may be answered by a replica that has not caught up (a cluster node
+                # back from a restart): only the stream's leader may say the chunk is not there.
+                try:
+                    chunk = await self._js.get_msg(ARTIFACTS_STREAM, seq, subject=_chunk_subject(nuid), next=True)
+                except nats.js.errors.NotFoundError:
+                    raise _missing(ref) if size == 0 else ArtifactUnusable(
+                        f"artifact {ref.object} ends after {size} of {ref.size} bytes",
+                        reason="artifact_truncated") from None
+                except TRANSIENT as exc:
+                    raise StorageUnavailable(f"cannot read artifact {ref.object}: {exc!r}") from None
+                seq = (chunk.seq or seq) + 1
+                data = chunk.data or b""
+                digest.update(data)
+                size += len(data)
+                self.leader_reads += 1
+                yield data
         if size != ref.size or digest.hexdigest() != ref.sha256:
             raise ArtifactUnusable(
                 f"artifact {ref.object} fails its checksum: {size} bytes sha256 {digest.hexdigest()[:16]}…, "
@@ -253,23 +272,21 @@ class ArtifactStore:
         return nuids - named
 
     async def _named_nuids(self) -> set[str]:
-        """The NUID in the meta of every name (placeholders included).
-
-        Metas are rolled up, one message per name, so reading every meta message in order, a
-        batched direct get at a time, reads each name's latest.
-        """
+        """The NUID in the meta of every name (placeholders included), read through a consumer
+        the stream's leader serves (``bus.scan``): a name a lagging replica missed would make its
+        chunks look like strays. Metas are rolled up, so the last per subject is each name's meta.
+        Raises ``StorageUnavailable`` when the reading could not finish."""
         named: set[str] = set()
-        seq = 1
-        while True:
-            got = 0
-            async with contextlib.aclosing(self._batch(_ALL_METAS, seq, _META_BATCH, "metas")) as batch:
-                async for msg_seq, data in batch:
-                    got += 1
-                    seq = msg_seq + 1
+        config = scan_config(filter_subject=_ALL_METAS, deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT)
+        try:
+            async with contextlib.aclosing(scan(self._js, ARTIFACTS_STREAM, config, batch=_META_BATCH,
+                                                timeout=_READ_TIMEOUT)) as metas:
+                async for msg in metas:
                     with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-                        named.add(orjson.loads(data).get("nuid"))
-            if got < _META_BATCH:
-                return named
+                        named.add(orjson.loads(msg.data).get("nuid"))
+        except TRANSIENT as exc:
+            raise StorageUnavailable(f"cannot read the names in {ARTIFACTS_BUCKET}: {exc!r}") from None
+        return named
 
     @property
     def placeholder_lag(self) -> float:

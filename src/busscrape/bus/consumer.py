@@ -41,7 +41,7 @@ from nats.aio.msg import Msg
 
 from busscrape.bus.compat import prefetched
 from busscrape.bus.connection import Bus
-from busscrape.bus.retry import TRANSIENT, backoff
+from busscrape.bus.retry import TRANSIENT, backoff, patiently
 from busscrape.errors import StreamsMissing
 from busscrape.telemetry.metrics import Telemetry
 
@@ -91,6 +91,7 @@ class PullService(ABC):
         self._entered = False
         self._started = False
         self._companions: list[PullService] = []
+        self._held = 0  # slots waiting in before_fetch
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -111,6 +112,13 @@ class PullService(ABC):
     def companions(self) -> list[PullService]:
         """Side consumers that run with this service (see the module's docstring)."""
         return []
+
+    def paused(self) -> bool:
+        """Hook: whether taking another message must wait (the worker's, while RESULTS is full)."""
+        return False
+
+    async def before_fetch(self) -> None:  # noqa: B027 - optional hook
+        """Hook: wait until ``paused()`` is over."""
 
     def count(self, outcome: str) -> None:
         """Count an outcome in the shutdown summary (and, through ``counted``, in metrics)."""
@@ -205,6 +213,27 @@ class PullService(ABC):
             raise failure
         return self.counters
 
+    async def _may_fetch(self) -> bool:
+        """Wait while ``paused()`` (``before_fetch``), unless the service stops first (False then).
+        Waiting here is not idleness: a paused service does not leave by ``exit_when_idle``."""
+        if not self.paused():
+            return True
+        waiting = asyncio.ensure_future(self.before_fetch())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        self._held += 1
+        try:
+            done, _ = await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._held -= 1
+            self._last_activity = time.monotonic()
+            waiting.cancel()
+            stopping.cancel()
+        if waiting in done and not waiting.cancelled() and waiting.exception() is None:
+            return True
+        if waiting in done and waiting.exception() is not None:
+            raise waiting.exception()  # type: ignore[misc]
+        return False
+
     async def _accompany(self, side: PullService) -> None:
         """Run a companion; if it fails while this service runs on, stop this service too."""
         try:
@@ -228,22 +257,17 @@ class PullService(ABC):
         return delay
 
     async def _bind(self) -> list[Any]:
+        missing = StreamsMissing(
+            f"the durable consumer {self.stream}/{self.durable} does not exist. Run `busscrape streams apply` "
+            "against the same NATS server first")
         subs = []
-        for _ in range(self.concurrency):
-            try:
-                subs.append(await self.bus.js.pull_subscribe_bind(self.durable, self.stream))
-            except nats.js.errors.NotFoundError:
-                raise StreamsMissing(
-                    f"the durable consumer {self.stream}/{self.durable} does not exist. Run `busscrape streams apply` "
-                    "against the same NATS server first"
-                ) from None
         try:
-            await subs[0].consumer_info()
+            for _ in range(self.concurrency):
+                subs.append(await patiently(lambda: self.bus.js.pull_subscribe_bind(self.durable, self.stream),
+                                            what=f"{self.stream}/{self.durable}"))
+            await patiently(subs[0].consumer_info, what=f"{self.stream}/{self.durable}")
         except nats.js.errors.NotFoundError:
-            raise StreamsMissing(
-                f"the durable consumer {self.stream}/{self.durable} does not exist. Run `busscrape streams apply` "
-                "against the same NATS server first"
-            ) from None
+            raise missing from None
         return subs
 
     async def _watch_lag(self, every: float = 10.0) -> None:
@@ -255,7 +279,8 @@ class PullService(ABC):
             await asyncio.sleep(every)
 
     async def _learn_ack_wait(self) -> None:
-        info = await self.bus.js.consumer_info(self.stream, self.durable)
+        info = await patiently(lambda: self.bus.js.consumer_info(self.stream, self.durable),
+                               what=f"{self.stream}/{self.durable}")
         ack_wait = info.config.ack_wait or 30.0
         # Heartbeat well inside ack_wait: three beats per window survive one lost beat.
         self.heartbeat_interval = max(ack_wait / 3, 0.2)
@@ -285,7 +310,7 @@ class PullService(ABC):
             if self.max_items is not None and self._taken >= self.max_items and not self._inflight:
                 log.info(f"{self.kind}.max_items_reached", max_items=self.max_items)
                 self.stop()
-            elif (self.exit_when_idle is not None and not self._inflight
+            elif (self.exit_when_idle is not None and not self._inflight and not self._held
                   and time.monotonic() - self._last_activity >= self.exit_when_idle):
                 log.info(f"{self.kind}.idle_exit", idle_seconds=self.exit_when_idle)
                 self.stop()
@@ -295,6 +320,8 @@ class PullService(ABC):
     async def _slot(self, sub: Any) -> None:
         while not self._stopping.is_set():
             if self.max_items is not None and self._taken >= self.max_items:
+                return
+            if not await self._may_fetch():
                 return
             me = asyncio.current_task()
             assert me is not None

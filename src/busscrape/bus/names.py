@@ -39,6 +39,7 @@ SEEN_BUCKET = "SEEN"
 ATTEMPTS_BUCKET = "ATTEMPTS"
 STATUS_BUCKET = "STATUS"
 ARTIFACTS_BUCKET = "ARTIFACTS"
+FOLDERS_BUCKET = "FOLDERS"  # leases on archive folders while an ingester writes one
 
 
 def kv_stream(bucket: str) -> str:
@@ -67,7 +68,8 @@ WORKER_NEEDS: frozenset[Need] = frozenset({
     ("kv", STATUS_BUCKET), ("stream", ADVISORIES_STREAM), ("consumer", REAPER_CONSUMER)})
 INGESTER_NEEDS: frozenset[Need] = frozenset({
     ("stream", RESULTS_STREAM), ("consumer", INGESTERS_CONSUMER), ("object_store", ARTIFACTS_BUCKET),
-    ("stream", DEADLETTER_STREAM), ("consumer", ARCHIVIST_CONSUMER), ("kv", STATUS_BUCKET)})
+    ("stream", DEADLETTER_STREAM), ("consumer", ARCHIVIST_CONSUMER), ("kv", STATUS_BUCKET),
+    ("kv", FOLDERS_BUCKET)})
 HISTORY_NEEDS: frozenset[Need] = frozenset({("kv", STATUS_BUCKET), ("kv", SEEN_BUCKET)})
 API_NEEDS: frozenset[Need] = DISPATCH_NEEDS | HISTORY_NEEDS
 DLQ_READ_NEEDS: frozenset[Need] = frozenset({("stream", DEADLETTER_STREAM)})

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
+from busscrape.bus.retry import patiently
 from busscrape.bus.topology import Definition
 from busscrape.errors import StreamConflict, StreamsMissing
 from busscrape.units import format_duration
@@ -100,14 +101,14 @@ def _diff(desired: dict[str, Any], live_config: Any) -> list[FieldChange]:
 
 async def _live_stream(js: JetStreamContext, name: str) -> api.StreamInfo | None:
     try:
-        return await js.stream_info(name)
+        return await patiently(lambda: js.stream_info(name), what=f"stream {name}")
     except nats.js.errors.NotFoundError:
         return None
 
 
 async def _live_consumer(js: JetStreamContext, stream: str, name: str) -> api.ConsumerInfo | None:
     try:
-        return await js.consumer_info(stream, name)
+        return await patiently(lambda: js.consumer_info(stream, name), what=f"consumer {stream}/{name}")
     except nats.js.errors.NotFoundError:
         return None
 

@@ -52,6 +52,10 @@ log = structlog.get_logger("busscrape.publisher")
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's err_code when ``Nats-Expected-Last-Subject-Sequence`` does not hold."""
+STREAM_FULL = frozenset({10077, 10047})
+"""JetStream's err_codes when a stream with ``discard: new`` is at its limits ("maximum bytes / messages
+exceeded") or the server is out of resources: retrying at once cannot help; the publisher gives up
+at once and the caller waits for room (back-pressure)."""
 
 _NO_RESPONDERS = "503"
 NO_ANSWER = 408
@@ -75,6 +79,17 @@ class PublishFailed(RetryableError):
         self.code = code
         self.err_code = err_code
         self.retryable = retryable
+
+    @property
+    def full(self) -> bool:
+        """The stream is at its limits (back-pressure, not a failure of the message)."""
+        return self.err_code in STREAM_FULL
+
+    @property
+    def answered(self) -> bool:
+        """JetStream answered with an error: the message was not stored. Otherwise (no PubAck in
+        time, the connection lost, no responders) the outcome is unknown: it may be stored."""
+        return self.err_code is not None or (self.code < 500 and self.code not in (NO_ANSWER, ABANDONED))
 
 
 @dataclass(slots=True, eq=False)
@@ -273,7 +288,8 @@ class Publisher:
         if error:
             code = int(error.get("code") or 500)
             failure = PublishFailed(str(error.get("description") or "JetStream error"), code=code,
-                                    err_code=error.get("err_code"), retryable=code >= 500)
+                                    err_code=error.get("err_code"),
+                                    retryable=code >= 500 and error.get("err_code") not in STREAM_FULL)
             self._failed_attempt(pub, failure)
             return
         self._finish(pub, ack=PubAck(stream=doc.get("stream", ""), seq=doc.get("seq", 0),

@@ -157,6 +157,8 @@ def summary_table(summary: RunSummary) -> Table:
         table.add_row(f"  {reason}", f"{count:,}")
     if summary.unfinished:
         table.add_row("unfinished", f"{summary.unfinished:,}", style="yellow")
+    if summary.letters_unarchived:
+        table.add_row("dead letters not yet archived", f"{summary.letters_unarchived:,}", style="yellow")
     rate = summary.archived / summary.seconds if summary.seconds else 0
     table.caption = f"{summary.seconds:.1f}s, {rate:.2f} pages/s"
     return table
@@ -183,6 +185,6 @@ def exit_code(summary: RunSummary, strict: bool) -> int:
     if summary.interrupted:
         return EXIT_INTERRUPTED
     d = summary.dispatch
-    if summary.unfinished or (d is not None and (d.failed or (strict and d.invalid))):
+    if not summary.complete or (d is not None and (d.failed or (strict and d.invalid))):
         return EXIT_PARTIAL
     return EXIT_OK

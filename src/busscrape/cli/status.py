@@ -158,6 +158,12 @@ def render(doc: dict[str, Any]) -> Group:
     parts: list[Any] = [line]
     if lag.get("note"):
         parts.append(Text(lag["note"], style="yellow"))
+    room = doc["results"]
+    if room["paused"]:
+        parts.append(Text(f"RESULTS is {room['fill']:.0%} full: workers fetch no tasks until the ingesters catch up "
+                          "(back-pressure; is the archive reachable?)", style="bold yellow"))
+    elif room["max_bytes"] and room["max_bytes"] > 0:
+        parts.append(Text(f"RESULTS {room['fill']:.1%} full ({_bytes(room['bytes'])} of {_bytes(room['max_bytes'])})"))
     parts += [streams, consumers, buckets, letters]
     parts.append(Text(f"{doc['at']}" + (f" · rates over {rates['seconds']:.1f}s" if rates else ""), style="dim"))
     return Group(*parts)

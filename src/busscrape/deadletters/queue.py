@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -41,6 +40,7 @@ from nats.js import JetStreamContext, api
 
 from busscrape.bus import names
 from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.scan import ScanStalled, scan, scan_config
 from busscrape.deadletters.filing import host_of
 from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import DeadLetter, decode, encode, preview, utcnow
@@ -50,7 +50,6 @@ from busscrape.telemetry import tracing
 log = structlog.get_logger("busscrape.dlq")
 
 BATCH = 256  # letters per fetch of a scan
-SCAN_IDLE = 60.0  # the server removes a scan consumer its process abandoned after this many seconds
 CLOCK_SKEW = 300.0  # how far a filer's clock may run ahead of the server's (dead_at vs. stream time)
 UNREADABLE = "unreadable_letter"  # the reason shown for a DEADLETTER message that is no DeadLetter
 
@@ -257,10 +256,8 @@ class DeadLetterQueue:
         state = (await self.js.stream_info(names.DEADLETTER_STREAM)).state
         if state.messages == 0:
             return
-        config = api.ConsumerConfig(
-            name=f"dlq-{uuid.uuid4().hex[:16]}", ack_policy=api.AckPolicy.NONE, mem_storage=True, num_replicas=1,
-            inactive_threshold=SCAN_IDLE, deliver_policy=api.DeliverPolicy.ALL)
         filters = flt.subjects()
+        config = scan_config(deliver_policy=api.DeliverPolicy.ALL)
         config = config.evolve(filter_subject=filters[0]) if len(filters) == 1 else config.evolve(
             filter_subjects=filters)
         if start_seq is not None:
@@ -270,25 +267,12 @@ class DeadLetterQueue:
             # (less the clock skew between hosts) skips old letters without missing a new one.
             since = now - timedelta(seconds=flt.newer_than + CLOCK_SKEW)
             config = config.evolve(deliver_policy=api.DeliverPolicy.BY_START_TIME, opt_start_time=since)
-        info = await self.js.add_consumer(names.DEADLETTER_STREAM, config, timeout=self.timeout)
-        sub = None
+        found = 0
+        letters = scan(self.js, names.DEADLETTER_STREAM, config, batch=BATCH, timeout=self.timeout)
         try:
-            sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=names.DEADLETTER_STREAM)
-            pending, found, stalls = info.num_pending, 0, 0
-            while pending > 0:
-                try:
-                    msgs = await sub.fetch(min(BATCH, pending), timeout=self.timeout)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    # Letters deleted under the scan leave num_pending stale: ask again.
-                    stalls += 1
-                    pending = (await self.js.consumer_info(names.DEADLETTER_STREAM, info.name)).num_pending
-                    if stalls >= 3 and pending:
-                        log.warning("dlq.scan_stalled", pending=pending)
-                        return
-                    continue
-                for msg in msgs:
+            async with contextlib.aclosing(letters) as msgs:
+                async for msg in msgs:
                     meta = msg.metadata
-                    pending = meta.num_pending
                     if meta.sequence.stream > state.last_seq:
                         return
                     entry = read_entry(meta.sequence.stream, msg.subject, meta.timestamp, msg.data)
@@ -298,12 +282,8 @@ class DeadLetterQueue:
                     found += 1
                     if flt.limit is not None and found >= flt.limit:
                         return
-        finally:
-            if sub is not None:
-                with contextlib.suppress(*TRANSIENT):
-                    await sub.unsubscribe()
-            with contextlib.suppress(*TRANSIENT):
-                await self.js.delete_consumer(names.DEADLETTER_STREAM, info.name)
+        except ScanStalled as exc:
+            log.warning("dlq.scan_stalled", error=str(exc))
 
     async def replay(self, entry: Entry, *, dry_run: bool = False) -> Outcome:
         """Queue the letter's task again, then delete the letter (see the module docstring)."""

@@ -36,7 +36,7 @@ from busscrape.bus import names, provision, topology
 from busscrape.bus.compat import encode_headers
 from busscrape.bus.connection import Bus
 from busscrape.bus.publisher import ABANDONED, WRONG_LAST_SEQUENCE, Publication, Publisher, PublishFailed
-from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.retry import TRANSIENT, patiently
 from busscrape.dispatch.fingerprints import FingerprintSet
 from busscrape.dispatch.inputs import (
     InputFormat,
@@ -177,8 +177,8 @@ class Dispatcher:
 
     async def _check_streams(self) -> None:
         await provision.require(self.bus.js, topology.load(self.settings), names.DISPATCH_NEEDS)
-        seen = (await self.bus.js.stream_info(names.SEEN_STREAM)).config
-        tasks = (await self.bus.js.stream_info(names.TASKS_STREAM)).config
+        seen = (await patiently(lambda: self.bus.js.stream_info(names.SEEN_STREAM))).config
+        tasks = (await patiently(lambda: self.bus.js.stream_info(names.TASKS_STREAM))).config
         apply, after = "run `busscrape streams apply` against this server", format_duration(self.recrawl_after)
         if not seen.allow_msg_ttl:
             raise StreamConflict(f"the {names.SEEN_BUCKET} bucket does not allow per-key TTLs (allow_msg_ttl): "

@@ -4,7 +4,19 @@ Keys come from the result alone (``archive.layout``), so a redelivered result wr
 keys with the same bytes. Artifacts are copied concurrently, each streamed and checked against its
 claim check on the way, gzip-compressed where the layout says so, and written not durable on their
 own: ``meta.json``, written last into the same folder, makes them durable together and marks the
-folder complete. A permanent failure (an artifact gone, a checksum wrong) leaves no half folder.
+folder complete.
+
+One folder holds one task's scrape of one UTC day; two results can want it (a recrawl the same
+day). So, under a lease on the folder (``leases``: no two ingesters write it at once)::
+
+    meta.json there, describing this result ───────────────► nothing to write (a redelivery)
+    meta.json there, describing a later scrape ────────────► nothing to write (that one stays)
+    meta.json there, describing an earlier scrape ─────────► stage this result's files beside it
+         (in <folder>/.staging/), then swap: meta.json out,       (a failure on the way removes the
+          staged files in, the earlier scrape's extra files out,   staged files only: the complete
+          meta.json in                                             folder stays complete)
+    no meta.json ──────────────────────────────────────────► write the files, then meta.json
+                                                               (a failure removes what this wrote)
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from busscrape.archive import layout
 from busscrape.archive.storage import Storage
 from busscrape.artifacts.store import ArtifactStore
 from busscrape.errors import PermanentError, RetryableError
+from busscrape.ingest.leases import FolderLeases, Lease
 from busscrape.model.messages import ScrapeResult
 from busscrape.telemetry import tracing
 
@@ -35,7 +48,9 @@ class Archived:
     plan: layout.ArchivePlan
     objects: tuple[layout.StoredObject, ...]
     reused: bool
-    """meta.json already described this result (a redelivery after a crash): nothing was written."""
+    """Nothing was written: meta.json already described this result (a redelivery after a
+    crash), or a later scrape of the same task and day (``superseded``)."""
+    superseded: bool = False
 
     @property
     def size(self) -> int:
@@ -45,77 +60,104 @@ class Archived:
 class Archiver:
     """Writes one result's objects and then its meta.json."""
 
-    def __init__(self, storage: Storage, artifacts: ArtifactStore, *, prefix: str = "", compress: bool = True,
-                 gzip_level: int = layout.GZIP_LEVEL) -> None:
+    def __init__(self, storage: Storage, artifacts: ArtifactStore, leases: FolderLeases | None = None, *,
+                 prefix: str = "", compress: bool = True, gzip_level: int = layout.GZIP_LEVEL) -> None:
         self.storage = storage
         self.artifacts = artifacts
+        self.leases = leases
         self.prefix = prefix
         self.compress = compress
         self.gzip_level = gzip_level
-        # Two results of one task on one day share a folder: one at a time in this process.
+        # Without leases (one process alone on its archive): one writer per folder in this process.
         self._folders: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
-    async def archive(self, result: ScrapeResult, *, first_try: bool = False) -> Archived:
-        """Archive ``result``. Raises ``PermanentError`` (dead-letter) or ``RetryableError`` (nak).
-
-        ``first_try``: the first delivery of a first attempt, which cannot have written anything
-        yet, so the folder is not inspected first (one request less per result on the hot path).
-        A folder that another scrape of the same task wrote earlier the same day is then simply
-        overwritten, meta.json last; what it listed and the new scrape lacks stays unlisted.
-        """
+    async def archive(self, result: ScrapeResult) -> Archived:
+        """Archive ``result``. Raises ``PermanentError`` (dead-letter) or ``RetryableError`` (nak)."""
         plan = layout.plan(result, prefix=self.prefix, compress=self.compress)
-        lock = self._folders.setdefault(plan.folder, asyncio.Lock())
-        async with lock:
-            existing = None if first_try else await self.storage.get(plan.meta_key)
+        async with self._hold(plan.folder) as lease:
+            existing = await self.storage.get(plan.meta_key)
             if existing is not None and layout.describes(existing, result, plan):
                 return Archived(plan, (), reused=True)
-            if existing is not None:
-                await self._replace(plan, existing)
-            try:
-                stored = await _all(self._copy(o) for o in plan.objects)
-            except PermanentError:
-                await self._discard(plan)
-                raise
+            if existing is not None and layout.supersedes(existing, result):
+                return Archived(plan, (), reused=True, superseded=True)
+            if existing is None:
+                stored = await self._write(plan)
+            else:
+                stored = await self._swap(plan, existing, lease)
+            if lease is not None:
+                lease.check()  # the commit: only while the folder is still ours
             await self.storage.put_bytes(plan.meta_key, layout.meta_document(result, stored), content_type=JSON)
         return Archived(plan, tuple(stored), reused=False)
 
-    async def _replace(self, plan: layout.ArchivePlan, meta: bytes) -> None:
-        """Make way for another result of the same task and day. Its meta.json goes first, so
-        the folder never claims to be complete while it holds a mix of both."""
+    @contextlib.asynccontextmanager
+    async def _hold(self, folder: str) -> AsyncIterator[Lease | None]:
+        if self.leases is not None:
+            async with self.leases.hold(folder) as lease:
+                yield lease
+        else:
+            async with self._folders.setdefault(folder, asyncio.Lock()):
+                yield None
+
+    async def _write(self, plan: layout.ArchivePlan) -> list[layout.StoredObject]:
+        """Every object under its key; after a permanent failure, only what this wrote is removed."""
+        written: list[str] = []
+        try:
+            return await _all(self._copy(o, o.key, written) for o in plan.objects)
+        except PermanentError:
+            await self._remove(written)
+            raise
+
+    async def _swap(self, plan: layout.ArchivePlan, meta: bytes, lease: Lease | None) -> list[layout.StoredObject]:
+        """Replace an earlier complete scrape in the folder without ever breaking it: stage first."""
+        staged = {o.key: layout.staged_key(plan.folder, o.key) for o in plan.objects}
+        written: list[str] = []
+        try:
+            stored = await _all(self._copy(o, staged[o.key], written) for o in plan.objects)
+        except PermanentError:
+            await self._remove(written)
+            raise
+        if lease is not None:
+            lease.check()
+        # From here until meta.json is written the folder does not claim to be complete: a crash
+        # leaves no meta.json, and the redelivery writes the whole folder again from ARTIFACTS.
         await self.storage.delete(plan.meta_key)
+        for o in plan.objects:
+            await self.storage.move(staged[o.key], o.key)
         ours = {o.key for o in plan.objects}
         for key in sorted(layout.listed_keys(meta) - ours):
             if key.startswith(plan.folder + "/"):
                 await self.storage.delete(key)
+        return stored
 
-    async def _copy(self, planned: layout.PlannedObject) -> layout.StoredObject:
-        with tracing.span("copy artifact", **{"busscrape.artifact": planned.name, "busscrape.key": planned.key}):
-            return await self._copy_one(planned)
+    async def _remove(self, keys: list[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(RetryableError):  # best effort: unlisted leftovers are invisible
+                await self.storage.delete(key)
 
-    async def _copy_one(self, planned: layout.PlannedObject) -> layout.StoredObject:
+    async def _copy(self, planned: layout.PlannedObject, key: str, written: list[str]) -> layout.StoredObject:
+        # Noted before it starts: a write cut short by another's failure may still land (a file's
+        # rename in its thread), and removing a key that never came is harmless.
+        written.append(key)
+        with tracing.span("copy artifact", **{"busscrape.artifact": planned.name, "busscrape.key": key}):
+            return await self._copy_one(planned, key)
+
+    async def _copy_one(self, planned: layout.PlannedObject, key: str) -> layout.StoredObject:
         ref = planned.ref
         async with aclosing(self.artifacts.stream(ref)) as source:
             # Not durable on their own: meta.json, written last into the same folder, makes them so.
             if planned.content_encoding is None:
-                await self.storage.put(planned.key, source, content_type=ref.content_type, durable=False)
+                await self.storage.put(key, source, content_type=ref.content_type, durable=False)
                 # The stream checked size and sha256 before it ended, and the bytes are stored as they came.
                 size, sha256 = ref.size, ref.sha256
             else:
                 measured = _Measured(layout.gzip_stream(source, self.gzip_level))
-                await self.storage.put(planned.key, measured, content_type=ref.content_type,
+                await self.storage.put(key, measured, content_type=ref.content_type,
                                        content_encoding=planned.content_encoding, durable=False)
                 size, sha256 = measured.size, measured.sha256
         return layout.StoredObject(
             key=planned.key, name=planned.name, size=size, sha256=sha256, content_type=ref.content_type,
             content_encoding=planned.content_encoding, original_size=ref.size, original_sha256=ref.sha256,
         )
-
-    async def _discard(self, plan: layout.ArchivePlan) -> None:
-        """After a permanent failure, remove what this result wrote (best effort): no half folder.
-        A meta.json there is another scrape's, whose objects these may have replaced: it goes too."""
-        for planned in (*plan.objects, plan.meta_key):
-            with contextlib.suppress(RetryableError):
-                await self.storage.delete(planned if isinstance(planned, str) else planned.key)
 
 
 class _Measured:

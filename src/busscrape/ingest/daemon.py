@@ -4,8 +4,9 @@ One result (``Ingester.handle``)::
 
     decode ── malformed ───────────────────────────────► DEADLETTER (poison), ack
       │
-    layout.plan: keys from the result ── meta.json there already describes it ──► ack (nothing to write)
-      │
+    layout.plan: keys from the result; the folder leased (no two ingesters write one at once)
+      │ meta.json there describes it, or a later scrape ───► ack (nothing to write)
+      │ meta.json of an earlier scrape ────────────────────► staged beside it, then swapped in
     every artifact, concurrently (bounded by the storage's upload slots):
       ARTIFACTS ─ streamed, sha256 checked ─► [gzip] ─► storage
       │   artifact gone or checksum wrong ──────────► DEADLETTER (with the result), ack
@@ -17,7 +18,7 @@ One result (``Ingester.handle``)::
 
 Alongside, each ingester runs an ``Archivist`` on ``DEADLETTER/archivist`` that copies every
 dead letter to ``<prefix>/deadletter/dt=…/<task_id>.json``, so the archive alone tells what
-became of every task.
+became of every task, and trims RESULTS of what every reader has acknowledged (``trim``).
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService, quietly
 from busscrape.bus.names import ARCHIVIST_CONSUMER, DEADLETTER_STREAM, INGESTERS_CONSUMER, RESULTS_STREAM
-from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.retry import TRANSIENT, patiently
 from busscrape.deadletters import filing
 from busscrape.errors import MessageDecodeError, PermanentError, RetryableError, StorageUnavailable, StreamsMissing
 from busscrape.ingest.archiver import Archiver
+from busscrape.ingest.leases import FolderLeases
 from busscrape.ingest.letters import Archivist
+from busscrape.ingest.trim import ResultsTrimmer
 from busscrape.model.messages import DeadLetter, ScrapeResult, decode
 from busscrape.search.feed import SearchFeed
 from busscrape.settings import Settings
@@ -67,9 +70,11 @@ class Ingester(PullService):
                          backoff=(cfg.retry_base_delay, cfg.retry_max_delay), telemetry=telemetry)
         self.storage = storage
         self.artifacts = ArtifactStore(bus.js)
-        self.archiver = Archiver(storage, self.artifacts, prefix=s.archive.prefix, compress=s.archive.compress,
-                                 gzip_level=s.archive.gzip_level)
+        self.leases = FolderLeases(bus.js, cfg.name)
+        self.archiver = Archiver(storage, self.artifacts, self.leases, prefix=s.archive.prefix,
+                                 compress=s.archive.compress, gzip_level=s.archive.gzip_level)
         self.board = StatusBoard(bus.js)
+        self.trimmer = ResultsTrimmer(bus.js, keep=s.streams.results_keep_acked)
         self.search = SearchFeed(s, storage, self.counters)  # best effort, off the hot path (search_feed)
         self.archivist = Archivist(bus, storage, prefix=s.archive.prefix,
                                    backoff=(cfg.retry_base_delay, cfg.retry_max_delay),
@@ -78,7 +83,8 @@ class Ingester(PullService):
     async def setup(self) -> None:
         """Refuse to start without the dead-letter consumer (the results one is checked by ``run``)."""
         try:
-            await self.bus.js.consumer_info(DEADLETTER_STREAM, ARCHIVIST_CONSUMER)
+            await patiently(lambda: self.bus.js.consumer_info(DEADLETTER_STREAM, ARCHIVIST_CONSUMER),
+                            what=f"{DEADLETTER_STREAM}/{ARCHIVIST_CONSUMER}")
         except nats.js.errors.NotFoundError:
             raise StreamsMissing(
                 f"the durable consumer {DEADLETTER_STREAM}/{ARCHIVIST_CONSUMER} does not exist. Run "
@@ -91,6 +97,9 @@ class Ingester(PullService):
 
     def companions(self) -> list[PullService]:
         return [self.archivist]
+
+    async def background(self) -> list[asyncio.Task[Any]]:
+        return [asyncio.create_task(self.trimmer.run(self._stopping), name="results-trim")]
 
     async def handle(self, msg: Msg) -> None:
         trace_id = trace_id_of(msg.headers)
@@ -108,8 +117,7 @@ class Ingester(PullService):
 
     async def _archive(self, msg: Msg, result: ScrapeResult) -> None:
         try:
-            first_try = msg.metadata.num_delivered == 1 and result.attempt == 1
-            done = await self.archiver.archive(result, first_try=first_try)
+            done = await self.archiver.archive(result)
         except PermanentError as exc:
             letter = DeadLetter(task_id=result.task_id, stage="ingester", reason=exc.reason, error=str(exc),
                                 url=result.url, host=filing.host_of(result.url), result=result,
@@ -145,7 +153,7 @@ class Ingester(PullService):
             self.counters["ack_failed"] += 1
             log.warning("result.ack_failed", error=str(exc) or type(exc).__name__)
             return
-        self.counters["already_archived" if done.reused else "archived"] += 1
+        self.counters["superseded" if done.superseded else "already_archived" if done.reused else "archived"] += 1
         if self.telemetry is not None and not done.reused:
             self.telemetry.results_archived.add(1)
             self.telemetry.archived_bytes.add(done.size)

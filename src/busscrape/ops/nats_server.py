@@ -72,6 +72,9 @@ class EmbeddedNatsServer:
         config_file: Path | None = None,
         log_file: Path | None = None,
         ready_timeout: float = 20.0,
+        name: str = "busscrape-embedded",
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.store_dir = Path(store_dir)
         self.binary = find_binary(binary)
@@ -79,7 +82,10 @@ class EmbeddedNatsServer:
         self.config_file = config_file
         self.log_file = log_file or self.store_dir / "nats-server.log"
         self.ready_timeout = ready_timeout
-        self.port: int | None = None
+        self.name = name
+        self.extra_args = extra_args
+        """More nats-server flags (a local cluster's ``--cluster``, ``--routes`` …)."""
+        self.port: int | None = port
         self.monitor_port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -117,7 +123,7 @@ class EmbeddedNatsServer:
         monitor = str(self.monitor_port) if self.monitor_port else "-1"
         args = [self.binary, "-js", "-sd", str(self.store_dir / "jetstream"), "-a", self.host,
                 "-p", port, "-m", monitor, "--ports_file_dir", str(ports_dir),
-                "--server_name", "busscrape-embedded"]
+                "--server_name", self.name, *self.extra_args]
         if self.config_file:
             args += ["-c", str(self.config_file)]
         log = open(self.log_file, "ab")

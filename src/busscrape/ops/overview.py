@@ -38,12 +38,14 @@ from busscrape.bus.topology import Definition
 from busscrape.deadletters.queue import DeadLetterQueue, LetterFilter
 from busscrape.errors import StreamsMissing
 from busscrape.model.messages import utcnow
+from busscrape.worker.backpressure import HIGH_WATER, fill_of
 
 log = structlog.get_logger("busscrape.overview")
 
 _FLOW = {name: rank for rank, name in enumerate((
     names.SEEN_STREAM, names.TASKS_STREAM, names.ATTEMPTS_STREAM, names.ARTIFACTS_STREAM,
-    names.RESULTS_STREAM, names.DEADLETTER_STREAM, names.ADVISORIES_STREAM, names.STATUS_STREAM))}
+    names.RESULTS_STREAM, names.DEADLETTER_STREAM, names.ADVISORIES_STREAM, names.STATUS_STREAM,
+    names.kv_stream(names.FOLDERS_BUCKET)))}
 REASON_SAMPLE = 1000  # newest dead letters read for the reason counts
 RATE_STREAMS = (names.TASKS_STREAM, names.RESULTS_STREAM, names.DEADLETTER_STREAM)
 LAG_CONSUMER = (names.TASKS_STREAM, names.WORKERS_CONSUMER)
@@ -155,6 +157,7 @@ class Overview:
             "deadletters": {"total": letters, "by_stage": by_stage, "by_reason": reasons,
                             "reasons_sampled": sampled, "reasons_complete": sampled >= letters},
             "lag": self._lag(consumers, lag),
+            "results": _results_room(streams[names.RESULTS_STREAM]),
             "rates": rates(before, counters) if before is not None else None,
         }
         return doc, counters
@@ -262,6 +265,14 @@ class Overview:
             backlog={key: c["num_pending"] + c["num_ack_pending"] for key, c in consumers.items()},
             stream_of={key: c["stream"] for key, c in consumers.items()},
         )
+
+
+def _results_room(info: dict[str, Any]) -> dict[str, Any]:
+    """How full RESULTS is: at ``HIGH_WATER`` the workers stop fetching (back-pressure)."""
+    config, state = info.get("config", {}), info["state"]
+    fill = fill_of(config.get("max_bytes"), config.get("max_msgs"), state["bytes"], state["messages"])
+    return {"fill": round(fill, 4), "bytes": state["bytes"], "max_bytes": config.get("max_bytes"),
+            "paused": fill >= HIGH_WATER}
 
 
 def _stream_row(info: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import structlog
 
 from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
+from busscrape.bus.retry import TRANSIENT
 from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
 from busscrape.dispatch.inputs import Rejection, Source, TaskDefaults
 from busscrape.model.messages import utcnow
@@ -34,6 +35,8 @@ from busscrape.settings import Settings
 from busscrape.status.tracker import Tracker
 
 log = structlog.get_logger("busscrape.run")
+
+LETTERS_TIMEOUT = 60.0  # seconds a finished run waits for its dead letters to reach the archive
 
 
 @dataclass
@@ -57,6 +60,8 @@ class RunSummary:
     failed_daemons: list[str] = field(default_factory=list)
     locations: list[str] = field(default_factory=list)
     """Where each archived task of this run is (folder URIs)."""
+    letters_unarchived: int = 0
+    """Dead letters still waiting to be copied into the archive when the run gave up waiting."""
 
     @property
     def archived(self) -> int:
@@ -69,6 +74,11 @@ class RunSummary:
     @property
     def unfinished(self) -> int:
         return self.tasks - self.archived - self.dead
+
+    @property
+    def complete(self) -> bool:
+        """Every task archived or dead-lettered, and every dead letter in the archive too."""
+        return not self.unfinished and not self.letters_unarchived
 
 
 Progress = Callable[[Counter[str], DispatchSummary | None, float], None]
@@ -124,6 +134,7 @@ class Runner:
                 await stack.enter_async_context(daemons)
             summary = await self._dispatch(bus, settings, tracker)
             await self._wait(tracker, summary, started)
+            unfiled = await self._letters_archived(bus, tracker) if not self._stop.is_set() else 0
             if daemons is not None:
                 # Done: the daemons are idle and exit at once. Interrupted: a few seconds for
                 # renders about to finish, then in-flight tasks go back to the queue.
@@ -133,7 +144,7 @@ class Runner:
             return RunSummary(dispatch=summary, tasks=len(tracker.expected), outcomes=counts, dead_reasons=reasons,
                               seconds=time.monotonic() - started, archive=self.archive_location(),
                               interrupted=self._stop.is_set(),
-                              failed_daemons=daemons.failed() if daemons else [],
+                              failed_daemons=daemons.failed() if daemons else [], letters_unarchived=unfiled,
                               locations=sorted(s.archive for s in tracker.final.values() if s.archive))
 
     async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
@@ -152,6 +163,27 @@ class Runner:
                 await asyncio.wait({dispatching}, timeout=0.5)
                 self._report(tracker, dispatcher.summary(), 0.0)
             return dispatching.result()
+
+    async def _letters_archived(self, bus: Bus, tracker: Tracker, timeout: float = LETTERS_TIMEOUT) -> int:
+        """Wait until every dead letter is in the archive too (the ``dead`` record comes before the
+        archivist copies the letter), so that what the summary counts is there when the run ends.
+        The letters still waiting when ``timeout`` runs out."""
+        if not any(status.state == "dead" for status in tracker.final.values()):
+            return 0
+        deadline = time.monotonic() + timeout
+        waiting = -1
+        while time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                info = await bus.js.consumer_info(names.DEADLETTER_STREAM, names.ARCHIVIST_CONSUMER)
+            except TRANSIENT:
+                await asyncio.sleep(0.5)
+                continue
+            waiting = (info.num_pending or 0) + (info.num_ack_pending or 0)
+            if waiting == 0:
+                return 0
+            await asyncio.sleep(0.2)
+        log.warning("run.letters_unarchived", letters=waiting)
+        return max(waiting, 0)
 
     async def _wait(self, tracker: Tracker, summary: DispatchSummary, started: float) -> None:
         while not tracker.done and not self._stop.is_set():

@@ -128,7 +128,13 @@ class StreamSettings(_Section):
     results_max_age: Duration = "7d"
     """How long results stay in RESULTS (the ingester normally takes them in seconds)."""
     results_max_bytes: Size = "8GiB"
-    """Upper bound on RESULTS size; -1 for none. Results carry references, not page bytes."""
+    """Upper bound on RESULTS size; -1 for none. Results carry references, not page bytes; what
+    RESULTS holds is the ingesters' backlog (``results_keep_acked``), so this is how long an
+    ingester or archive outage it absorbs (the README's operations section has the figures).
+    When it is full, workers pause (back-pressure) until the ingesters catch up."""
+    results_keep_acked: Duration = "1h"
+    """How long a result stays in RESULTS once every durable consumer of it has acknowledged it
+    (for readers that follow the stream without one); then the ingesters purge it."""
     deadletter_max_age: Duration = "90d"
     """How long dead letters are kept for ``busscrape dlq``."""
     recrawl_window: Duration = "30d"
@@ -137,6 +143,9 @@ class StreamSettings(_Section):
     """Safety-net TTL of the ARTIFACTS object store; longer than ``results_max_age``."""
     attempts_ttl: Duration = "14d"
     """How long a task's attempt history is kept."""
+    folder_lease_ttl: Duration = Field("30s", ge=2)
+    """How long an ingester's lease on an archive folder lasts unrenewed (it renews it while it
+    writes): what a killed ingester's folder waits before another one may write it."""
     status_ttl: Duration = "30d"
     """How long the STATUS bucket remembers what happened to a task."""
     worker_ack_wait: Duration = "60s"

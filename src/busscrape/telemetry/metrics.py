@@ -12,6 +12,7 @@ the operations contract (the Grafana dashboard and alerts use them):
 ``busscrape_dead_letters_total``    counter    dead letters filed, by ``stage`` and ``reason``
 ``busscrape_browser_restarts_total``  counter    Chromium relaunches (crash or recycle)
 ``busscrape_consumer_lag``          gauge      ``num_pending + num_ack_pending``, by ``consumer``
+``busscrape_results_full``          gauge      1 while a worker is paused because RESULTS is full
 ==================================  =========  ================================================
 
 The Prometheus registry is per process by nature; a ``Telemetry`` registers its collector
@@ -61,6 +62,8 @@ class Telemetry:
                                       description="num_pending + num_ack_pending of a durable consumer")
         meter.create_observable_counter("busscrape_browser_restarts", [self._observe("browser_restarts")],
                                         description="Chromium relaunches after a crash or for recycling")
+        meter.create_observable_gauge("busscrape_results_full", [self._observe("results_full")],
+                                      description="1 while this worker fetches no tasks because RESULTS is full")
 
     def _observe(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(_: CallbackOptions) -> Iterable[Observation]:
@@ -69,7 +72,7 @@ class Telemetry:
         return callback
 
     def gauge(self, name: str, source: Callable[[], Iterable[tuple[float, dict[str, str]]]]) -> None:
-        """Report ``in_flight``, ``lag`` or ``browser_restarts`` from ``source`` at each scrape
+        """Report ``in_flight``, ``lag``, ``browser_restarts`` or ``results_full`` from ``source`` at each scrape
         (several sources may report one gauge, with different attributes)."""
         self._gauges.setdefault(name, []).append(source)
 

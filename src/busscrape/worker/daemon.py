@@ -1,16 +1,17 @@
 """``busscrape worker``: renders tasks from TASKS and publishes results to RESULTS.
 
-Per task: decode (poison -> DEADLETTER), policy check, per-host politeness, render in an
-isolated tab (a reused page wiped between tasks, or a fresh context: ``worker.isolation``),
-artifacts into the ARTIFACTS object store, the result (claim checks only) to RESULTS with
-``Nats-Msg-Id = result-<task_id>-<task_seq>``, wait for the PubAck, and only then
-``ack_sync()`` the task. So a worker killed at any point leaves either no result (the task is
-redelivered) or exactly one (a redelivered attempt's publish is a duplicate; it then drops its
-own artifacts and acks).
+Per task: decode (poison -> DEADLETTER); on a redelivery, first whether an earlier delivery
+already finished it (``status.standing``: its result stored, or its outcome recorded); policy
+check, per-host politeness, render in an isolated tab (a reused page wiped between tasks, or a
+fresh context: ``worker.isolation``), artifacts into the ARTIFACTS object store, the result
+(claim checks only) to RESULTS (``results``), wait for the PubAck, and only then ``ack_sync()``
+the task. So a worker killed at any point leaves either no result (the task is redelivered) or
+exactly one (the redelivery finds it and acks).
 
-Failures follow the error tree: retryable ones are recorded in ATTEMPTS and nak'ed with
-exponential backoff and jitter (honouring Retry-After); on the last allowed delivery, and for
-permanent errors at once, the task goes to DEADLETTER with its whole attempt history.
+Failures follow the error tree (``failures``): retryable ones are recorded in ATTEMPTS and
+nak'ed with backoff; on the last allowed delivery, and for permanent errors at once, the task
+goes to DEADLETTER with its whole attempt history. A full RESULTS is neither: the worker stops
+fetching and holds what it rendered until there is room (``backpressure``).
 """
 
 from __future__ import annotations
@@ -24,17 +25,14 @@ from urllib.parse import urlsplit
 
 import structlog
 from nats.aio.msg import Msg
-from opentelemetry.trace import SpanKind
 
 from busscrape.artifacts import leftovers
 from busscrape.artifacts.store import ArtifactStore, object_name
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
-from busscrape.bus.retry import TRANSIENT, backoff
-from busscrape.deadletters import filing
+from busscrape.bus.retry import patiently
 from busscrape.errors import (
-    BusscrapeError,
     InvalidTask,
     MessageDecodeError,
     NavigationTimeout,
@@ -42,29 +40,24 @@ from busscrape.errors import (
     RetryableError,
     StorageUnavailable,
 )
-from busscrape.model.messages import (
-    ArtifactRef,
-    AttemptRecord,
-    DeadLetter,
-    ScrapeResult,
-    ScrapeTask,
-    decode,
-    encode,
-    utcnow,
-)
+from busscrape.model.messages import ArtifactRef, ScrapeResult, ScrapeTask, decode, utcnow
 from busscrape.model.steps import Evaluate
 from busscrape.net.egress import EgressProxy
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
 from busscrape.status.records import StatusBoard, Transitions
+from busscrape.status.standing import objects_of, standing_results
 from busscrape.telemetry import tracing
 from busscrape.telemetry.metrics import Telemetry
 from busscrape.worker.attempts import AttemptLog
+from busscrape.worker.backpressure import ResultsRoom
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.capture import Rendered
+from busscrape.worker.failures import Failures
 from busscrape.worker.politeness import HostGate
 from busscrape.worker.reaper import Reaper
 from busscrape.worker.render import Renderer
+from busscrape.worker.results import ResultPublisher
 
 log = structlog.get_logger("busscrape.worker")
 
@@ -84,7 +77,10 @@ class Worker(PullService):
         self.attempts = AttemptLog(bus.js)
         self.artifacts = ArtifactStore(bus.js, timeout=settings.nats.request_timeout)
         self.board = StatusBoard(bus.js)
-        self.max_deliver = settings.streams.worker_max_deliver
+        self.room = ResultsRoom(bus.js)
+        self.results = ResultPublisher(bus, self.artifacts, self.room, self.counters,
+                                       timeout=settings.nats.request_timeout)
+        self.failures = Failures(bus, settings, self.attempts, self.results, self.count, telemetry)
         self.pool: BrowserPool | None = None
         self.renderer: Renderer | None = None
         self._stack = AsyncExitStack()
@@ -98,14 +94,16 @@ class Worker(PullService):
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
                         recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses,
                         tab_wipe_delay=w.tab_wipe_delay))
+        await self._stack.enter_async_context(self.results)
         self.renderer = Renderer(self.pool, self.policy, egress, w, self.gate)
         await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
-            pool = self.pool
+            pool, room = self.pool, self.room
             self.telemetry.gauge("browser_restarts", lambda: [(pool.restarts, {})])
+            self.telemetry.gauge("results_full", lambda: [(1 if room.full else 0, {})])
 
     def counted(self, outcome: str) -> None:
-        if self.telemetry is not None and outcome != "duplicate_results":
+        if self.telemetry is not None:
             self.telemetry.tasks.add(1, {"outcome": outcome})
 
     async def checks(self) -> dict[str, bool]:
@@ -122,13 +120,20 @@ class Worker(PullService):
                        telemetry=self.telemetry)]
 
     async def background(self) -> list[asyncio.Task[Any]]:
-        info = await self.bus.js.consumer_info(self.stream, self.durable)
-        self.max_deliver = info.config.max_deliver or -1
-        tasks = []
+        info = await patiently(lambda: self.bus.js.consumer_info(self.stream, self.durable), what="TASKS/workers")
+        self.failures.max_deliver = info.config.max_deliver or -1
+        tasks = [asyncio.create_task(self.room.run(self._stopping), name="results-room")]
         if (interval := self.settings.worker.stray_chunk_interval) > 0:
             strays = leftovers.StrayChunks(self.artifacts)
             tasks.append(asyncio.create_task(strays.run(self._stopping, interval), name="stray-chunks"))
         return tasks
+
+    def paused(self) -> bool:
+        """No new task while RESULTS is full: it could not take the result (back-pressure)."""
+        return self.room.full
+
+    async def before_fetch(self) -> None:
+        await self.room.wait()
 
     # -- one task ---------------------------------------------------------------------------
 
@@ -142,7 +147,7 @@ class Worker(PullService):
         try:
             task = decode(ScrapeTask, msg.data)
         except MessageDecodeError as exc:
-            await self._poison(msg, exc)
+            await self.failures.poison(msg, exc)
             return
         attempt = msg.metadata.num_delivered
         with structlog.contextvars.bound_contextvars(task_id=task.task_id, url=task.url, attempt=attempt,
@@ -152,15 +157,35 @@ class Worker(PullService):
                     "messaging.message.delivery_count": attempt}) as span:
             story = Transitions(self.board, task_id=task.task_id, url=task.url, dispatched_at=task.dispatched_at,
                                 attempt=attempt, worker=self.settings.worker.name)
+            if attempt > 1 and await self._done_before(msg, task, story):
+                return
             await self._work(msg, task, story, span)
+
+    async def _done_before(self, msg: Msg, task: ScrapeTask, story: Transitions) -> bool:
+        """A redelivery of a task an earlier delivery finished (it died before its ack, or its
+        PubAck was lost): its outcome is recorded, or its result stands in RESULTS. Then this
+        delivery only cleans up and acks, and renders nothing (a second result would be a
+        duplicate for the archive)."""
+        seq = msg.metadata.sequence.stream
+        await story.start()
+        standing = None if story.settled else await standing_results(self.bus.js, task.task_id, seq)
+        if not story.settled and not standing:
+            return False
+        if standing:
+            await self.results.sweep(task, seq, range(1, story.attempt), keep=objects_of(standing))
+        await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+        self.count("already_done")
+        log.info("task.already_done", settled=story.settled, standing=len(standing or ()))
+        return True
 
     async def _work(self, msg: Msg, task: ScrapeTask, story: Transitions, span: Any) -> None:
         """Render, store, publish, ack; or hand the failure to its path (retry or dead letter)."""
         seq, attempt = msg.metadata.sequence.stream, story.attempt
         started = time.perf_counter()
-        # Stored while the page renders, not before: one round trip less per task. It is awaited
-        # before any later record of the task (and before the result), so STATUS keeps its order.
-        running = asyncio.ensure_future(story.start())
+        # Stored while the page renders, not before: one round trip less per task (a redelivery
+        # has stored it already). Awaited before any later record of the task (and before the
+        # result), so STATUS keeps its order.
+        running = asyncio.ensure_future(story.start() if attempt == 1 else asyncio.sleep(0))
         try:
             self._validate(task)
             scraped_at = utcnow()
@@ -171,21 +196,21 @@ class Worker(PullService):
             # the ingester record `archived` first, this is left out rather than stored after it.
             recorded = asyncio.ensure_future(story.step("rendered", status=result.status))
             try:
-                await self._publish(task, result)
+                stands = await self.results.publish(task, result)
             finally:
                 await recorded
             await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         except RetryableError as exc:
             span.set_attribute("busscrape.outcome", f"retry:{exc.reason}")
             await running
-            await self._failed(msg, story, task, seq, exc)
+            await self.failures.retry(msg, story, task, seq, exc)
             return
         except PermanentError as exc:
             span.set_attribute("busscrape.outcome", f"dead:{exc.reason}")
             await running
-            await self._dead(msg, story, task, seq, exc)
+            await self.failures.dead(msg, story, task, seq, exc)
             return
-        self.count("completed")
+        self.count("completed" if stands else "already_done")
         span.set_attribute("http.response.status_code", result.status or 0)
         if self.telemetry is not None:
             self.telemetry.render_duration.record(time.perf_counter() - started)
@@ -224,7 +249,7 @@ class Worker(PullService):
         refs = [r for r in stored if isinstance(r, ArtifactRef)]
         failed = [r for r in stored if isinstance(r, BaseException)]
         if failed:
-            await self._drop(refs)
+            await self.results.drop(refs)
             raise failed[0] if isinstance(failed[0], StorageUnavailable) else StorageUnavailable(repr(failed[0]))
         return ScrapeResult(
             task_id=task.task_id, task_seq=seq, url=task.url, original_url=task.original_url,
@@ -234,109 +259,3 @@ class Worker(PullService):
             scraped_at=scraped_at, blocked_requests=tuple(rendered.blocked_requests),
             dispatched_at=task.dispatched_at,
         )
-
-    async def _publish(self, task: ScrapeTask, result: ScrapeResult) -> None:
-        try:
-            with tracing.span("publish result", SpanKind.PRODUCER, **{
-                    "messaging.system": "nats", "messaging.destination.name": names.RESULTS_STREAM}):
-                out = tracing.inject({names.MSG_ID: names.result_msg_id(task.task_id, result.task_seq)})
-                ack = await self.bus.js.publish(names.result_subject(task.task_id), encode(result),
-                                                stream=names.RESULTS_STREAM, headers=out,
-                                                timeout=self.settings.nats.request_timeout)
-        except TRANSIENT as exc:
-            await self._drop(result.artifacts)
-            raise StorageUnavailable(f"RESULTS did not take the result: {exc!r}",
-                                     reason="results_unavailable") from None
-        keep = None
-        if ack.duplicate:
-            # An earlier delivery of this task already published its result (and was killed
-            # before its ack): that result stands; these artifacts would be orphans.
-            self.count("duplicate_results")
-            await self._drop(result.artifacts)
-        else:
-            keep = {ref.object for ref in result.artifacts}
-        if result.attempt > 1:
-            await self._sweep(task, result.task_seq, range(1, result.attempt), keep)
-
-    async def _sweep(self, task: ScrapeTask, seq: int, attempts: range, keep: set[str] | None = None) -> None:
-        """Before the ack, so a kill leaves the task (and this) to the next delivery."""
-        found = await leftovers.sweep(self.bus.js, self.artifacts, task, seq, attempts, keep)
-        if found:  # objects, not tasks: kept out of the task metric
-            self.counters["leftovers_discarded"] += found
-
-    async def _drop(self, refs: tuple[ArtifactRef, ...] | list[ArtifactRef]) -> None:
-        for ref in refs:
-            try:
-                await self.artifacts.release(ref)
-            except TRANSIENT:
-                pass  # the bucket's TTL collects it
-
-    # -- failure paths ----------------------------------------------------------------------
-
-    def _record(self, attempt: int, exc: BusscrapeError) -> AttemptRecord:
-        status = None
-        if exc.reason.startswith("http_") and exc.reason[5:].isdigit():
-            status = int(exc.reason[5:])
-        return AttemptRecord(attempt=attempt, worker=self.settings.worker.name, at=utcnow(), reason=exc.reason,
-                             error=str(exc)[:2000], retryable=isinstance(exc, RetryableError), status=status)
-
-    async def _failed(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int, exc: RetryableError) -> None:
-        attempt = story.attempt
-        history = await self.attempts.record(task.task_id, seq, self._record(attempt, exc))
-        if 0 < self.max_deliver <= attempt:
-            await self._file(msg, story, task, seq, history, exc, last=True)
-            return
-        delay = self.retry_delay(attempt, exc.retry_after)
-        self.count("retried")
-        await story.step("retrying", reason=exc.reason, error=str(exc)[:500])
-        log.warning("task.retry", reason=exc.reason, error=str(exc)[:300], delay=round(delay, 2))
-        await msg.nak(delay=delay)
-
-    async def _dead(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int, exc: PermanentError) -> None:
-        history = await self.attempts.record(task.task_id, seq, self._record(story.attempt, exc))
-        await self._file(msg, story, task, seq, history, exc, last=False)
-
-    async def _file(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int,
-                    history: tuple[AttemptRecord, ...], exc: BusscrapeError, *, last: bool) -> None:
-        attempt = story.attempt
-        error = str(exc) if not last else f"gave up after {len(history)} attempts; last: {exc}"
-        letter = DeadLetter(task_id=task.task_id, stage="worker", reason=exc.reason, error=error[:4000],
-                            url=task.url, host=filing.host_of(task.url), attempts=history, task=task,
-                            source=filing.source_of(msg))
-        try:
-            await filing.file(self.bus.js, letter, msg_id=names.task_letter_id(task.task_id, seq),
-                                   telemetry=self.telemetry)
-        except TRANSIENT as err:
-            # Not filed, so not removed: try again later.
-            log.warning("deadletter.unavailable", error=repr(err))
-            await msg.nak(delay=self.retry_delay(1, None))
-            return
-        if attempt > 1:  # this attempt's own objects too, should its clean-up have failed
-            await self._sweep(task, seq, range(1, attempt + 1))
-        # Recorded before the ack, and the task kept until it is: `busscrape run` waits for this
-        # record. A redelivery files the same letter again (deduplicated) and records again; the
-        # last delivery's goes to the reaper, which does the same.
-        if not await story.outcome("dead", attempt=len(history), reason=exc.reason, error=error[:500]):
-            await msg.nak(delay=self.retry_delay(1, None))
-            return
-        await msg.ack_sync(timeout=self.settings.nats.request_timeout)
-        await self.attempts.clear(task.task_id, seq)
-        self.count("dead")
-
-    async def _poison(self, msg: Msg, exc: MessageDecodeError) -> None:
-        letter = filing.poison("worker", msg, exc)
-        seq = msg.metadata.sequence.stream
-        try:
-            await filing.file(self.bus.js, letter, msg_id=names.poison_letter_id(self.stream, seq),
-                                   telemetry=self.telemetry)
-        except TRANSIENT:
-            await msg.nak(delay=self.retry_delay(1, None))
-            return
-        await msg.ack_sync(timeout=self.settings.nats.request_timeout)
-        self.count("poison")
-
-    def retry_delay(self, attempt: int, retry_after: float | None) -> float:
-        """The worker's backoff: ``retry_base_delay`` doubling up to ``retry_max_delay``, at least
-        what Retry-After asked (capped the same)."""
-        w = self.settings.worker
-        return backoff(attempt, w.retry_base_delay, w.retry_max_delay, at_least=retry_after)

@@ -6,8 +6,10 @@ MAX_DELIVERIES advisory, which TASK_ADVISORIES captures. The reaper (a companion
 worker, all sharing one durable consumer) turns each advisory into a dead letter carrying the
 attempt history, discards the artifacts those deliveries stored (``leftovers``), records the
 task ``dead`` in STATUS, then deletes the task from TASKS, then acks the advisory — in that
-order, so a crash or a lost record at any point repeats the work
-idempotently (same ``Nats-Msg-Id`` as the worker would use).
+order, so a crash or a lost record at any point repeats the work idempotently (same
+``Nats-Msg-Id`` as the worker would use). A task whose last delivery did finish (its result is in
+RESULTS, or STATUS records its outcome, and the worker died before the ack) gets no letter: it is
+removed from TASKS as done, so STATUS never goes from ``archived`` to ``dead``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import nats.js.errors
 import orjson
 import structlog
 from nats.aio.msg import Msg
+from nats.js.api import RawStreamMsg
 
 from busscrape.artifacts import leftovers
 from busscrape.artifacts.store import ArtifactStore
@@ -26,9 +29,10 @@ from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
 from busscrape.bus.retry import TRANSIENT
 from busscrape.deadletters import filing
-from busscrape.errors import MessageDecodeError
+from busscrape.errors import MessageDecodeError, StorageUnavailable
 from busscrape.model.messages import DeadLetter, MessageSource, ScrapeTask, decode
-from busscrape.status.records import StatusBoard, TaskStatus
+from busscrape.status.records import FINAL, StatusBoard, TaskStatus
+from busscrape.status.standing import standing_results
 from busscrape.telemetry.metrics import Telemetry
 from busscrape.worker.attempts import AttemptLog
 
@@ -54,7 +58,7 @@ class Reaper(PullService):
     async def handle(self, msg: Msg) -> None:
         try:
             await self.reap(msg)
-        except TRANSIENT as exc:
+        except (*TRANSIENT, StorageUnavailable, MessageDecodeError) as exc:
             await self.retry_later(msg, exc, "reaper.retry_later")
 
     async def reap(self, advisory: Msg) -> None:
@@ -72,23 +76,9 @@ class Reaper(PullService):
         except nats.js.errors.NotFoundError:
             await advisory.ack_sync()  # already handled (acked or dead-lettered in the meantime)
             return
-        source = MessageSource(stream=names.TASKS_STREAM, subject=raw.subject or "", seq=seq)
-        try:
-            task = decode(ScrapeTask, raw.data or b"")
-        except MessageDecodeError as exc:
-            letter = DeadLetter(stage="reaper", reason=exc.reason, error=str(exc),
-                                payload=(raw.data or b"")[:4096].decode("utf-8", "replace"), source=source)
-            msg_id = names.poison_letter_id(names.TASKS_STREAM, seq)
-        else:
-            history = await self.attempts.history(task.task_id, seq)
-            last = history[-1] if history else None
-            what = (f"last attempt: {last.error}" if last else
-                    "no attempt finished: each delivery's worker died or went silent")
-            letter = DeadLetter(
-                task_id=task.task_id, stage="reaper", reason=last.reason if last else "max_deliveries",
-                error=f"delivered {deliveries} times without an outcome; {what}"[:4000], url=task.url,
-                host=filing.host_of(task.url), attempts=history, task=task, source=source)
-            msg_id = names.task_letter_id(task.task_id, seq)
+        letter, msg_id = await self._letter(raw, seq, deliveries)
+        if letter is None:
+            return await self._finished(advisory, raw, seq, deliveries)
         await filing.file(js, letter, msg_id=msg_id, telemetry=self.telemetry)
         if letter.task is not None:  # what the deliveries that died stored, nothing will archive
             await leftovers.sweep(js, self.artifacts, letter.task, seq, range(1, max(deliveries, 1) + 1))
@@ -99,10 +89,55 @@ class Reaper(PullService):
                 dispatched_at=letter.task.dispatched_at if letter.task else None, attempt=deliveries)):
             await self.retry_later(advisory, "STATUS did not take the dead record", "reaper.status_unrecorded")
             return
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await js.delete_msg(names.TASKS_STREAM, seq)
-        if letter.task_id:
-            await self.attempts.clear(letter.task_id, seq)
+        await self._remove(seq, letter.task_id)
         await advisory.ack_sync()
         self.count("reaped")
         log.warning("reaper.reaped", task_id=letter.task_id, seq=seq, deliveries=deliveries)
+
+    async def _letter(self, raw: RawStreamMsg, seq: int, deliveries: int) -> tuple[DeadLetter | None, str]:
+        """The letter the task gets and its msg id; no letter when the task is in fact done (its
+        last delivery stored the result, or the ingester archived it, before it died)."""
+        source = MessageSource(stream=names.TASKS_STREAM, subject=raw.subject or "", seq=seq)
+        try:
+            task = decode(ScrapeTask, raw.data or b"")
+        except MessageDecodeError as exc:
+            return DeadLetter(stage="reaper", reason=exc.reason, error=str(exc),
+                              payload=(raw.data or b"")[:4096].decode("utf-8", "replace"),
+                              source=source), names.poison_letter_id(names.TASKS_STREAM, seq)
+        if await self._done(task, seq):
+            return None, ""
+        history = await self.attempts.history(task.task_id, seq)
+        last = history[-1] if history else None
+        what = (f"last attempt: {last.error}" if last else
+                "no attempt finished: each delivery's worker died or went silent")
+        return DeadLetter(
+            task_id=task.task_id, stage="reaper", reason=last.reason if last else "max_deliveries",
+            error=f"delivered {deliveries} times without an outcome; {what}"[:4000], url=task.url,
+            host=filing.host_of(task.url), attempts=history, task=task, source=source,
+        ), names.task_letter_id(task.task_id, seq)
+
+    async def _done(self, task: ScrapeTask, seq: int) -> bool:
+        """Whether the task's outcome is recorded for this dispatch, or a result of it stands in
+        RESULTS (asked of the leader). When RESULTS does not answer, the reap waits for later."""
+        found = await self.board.latest(task.task_id)
+        if found is not None and found[0].state in FINAL and found[0].dispatched_at == task.dispatched_at:
+            return True
+        standing = await standing_results(self.bus.js, task.task_id, seq)
+        if standing is None:
+            raise StorageUnavailable("RESULTS did not answer whether the task's result is stored")
+        return bool(standing)
+
+    async def _finished(self, advisory: Msg, raw: RawStreamMsg, seq: int, deliveries: int) -> None:
+        """The task is done: what its attempts left is cleaned up, and it leaves TASKS unreported."""
+        task = decode(ScrapeTask, raw.data or b"")
+        await leftovers.sweep(self.bus.js, self.artifacts, task, seq, range(1, max(deliveries, 1) + 1))
+        await self._remove(seq, task.task_id)
+        await advisory.ack_sync()
+        self.count("finished")
+        log.info("reaper.finished", task_id=task.task_id, seq=seq, deliveries=deliveries)
+
+    async def _remove(self, seq: int, task_id: str | None) -> None:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.bus.js.delete_msg(names.TASKS_STREAM, seq)
+        if task_id:
+            await self.attempts.clear(task_id, seq)

@@ -85,6 +85,11 @@ class Storage(ABC):
         """Remove ``key`` (a missing key is fine)."""
 
     @abstractmethod
+    async def move(self, source: str, key: str) -> None:
+        """Put the object under ``source`` under ``key`` instead (replacing what is there), its
+        content type and encoding kept; durable like a ``put``."""
+
+    @abstractmethod
     async def keys(self, prefix: str = "") -> list[str]:
         """Every key that starts with ``prefix``, sorted."""
 

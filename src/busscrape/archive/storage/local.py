@@ -15,6 +15,7 @@ from collections.abc import AsyncIterable
 from pathlib import Path
 from typing import BinaryIO
 
+from busscrape.archive.layout import STAGING
 from busscrape.archive.storage.base import Storage
 from busscrape.errors import ConfigurationError, StorageUnavailable
 
@@ -56,9 +57,10 @@ class FileStorage(Storage):
                 pass  # another process cleaned it first
 
     def path(self, key: str) -> Path:
-        """The file that holds ``key``. Refuses keys that would leave the root or hide."""
+        """The file that holds ``key``. Refuses keys that would leave the root or hide (but in a
+        folder's staging area, which the archive's readers are to skip)."""
         parts = key.split("/")
-        if not key or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
+        if not key or any(p in ("", ".", "..") or (p.startswith(".") and p != STAGING) for p in parts):
             raise ValueError(f"not an archive key: {key!r}")
         return self.root.joinpath(*parts)
 
@@ -117,6 +119,19 @@ class FileStorage(Storage):
             await asyncio.to_thread(self.path(key).unlink, missing_ok=True)
         except OSError as exc:
             raise StorageUnavailable(f"cannot delete {self.path(key)}: {exc}") from None
+
+    async def move(self, source: str, key: str) -> None:
+        src, final = self.path(source), self.path(key)
+
+        def rename() -> None:
+            _make_dirs(final.parent)
+            os.replace(src, final)
+            _fsync_dir(final.parent)
+
+        try:
+            await asyncio.to_thread(rename)
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot move {src} to {final}: {exc}") from None
 
     async def keys(self, prefix: str = "") -> list[str]:
         def walk() -> list[str]:

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp_retry import ExponentialRetry, RetryClient
 from miniopy_async import Minio
+from miniopy_async.commonconfig import CopySource
 from miniopy_async.error import MinioException, S3Error
 
 from busscrape.archive.storage.base import Storage
@@ -174,6 +175,14 @@ class S3Storage(Storage):
             await self.client.remove_object(self.bucket, key)
         except _FAILURES as exc:
             raise StorageUnavailable(f"cannot delete {key} from {self.url}: {_describe(exc)}") from None
+
+    async def move(self, source: str, key: str) -> None:
+        # A server-side copy keeps Content-Type and Content-Encoding; S3 has no rename.
+        try:
+            await self.client.copy_object(self.bucket, key, CopySource(self.bucket, source))
+            await self.client.remove_object(self.bucket, source)
+        except _FAILURES as exc:
+            raise StorageUnavailable(f"cannot move {source} to {key} in {self.url}: {_describe(exc)}") from None
 
     async def keys(self, prefix: str = "") -> list[str]:
         try:

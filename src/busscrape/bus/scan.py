@@ -1,0 +1,67 @@
+"""Reading every message a filter selects, through a short-lived consumer the stream's leader serves.
+
+Direct gets are quicker, but any replica of a clustered stream may answer them, also one still
+catching up after a restart; where missing a message would be wrong (the names in ARTIFACTS, whose
+absence would make live chunks look like strays; the letters ``busscrape dlq`` acts on), reading
+goes through an ephemeral consumer instead: memory storage, no acks, deleted at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+
+from busscrape.bus.retry import TRANSIENT
+from busscrape.errors import StorageUnavailable
+
+IDLE = 60.0  # seconds after which the server removes a scan consumer whose reader died
+STALLS = 3  # fetches in a row that time out before a scan gives up
+
+
+class ScanStalled(StorageUnavailable):
+    """Messages stopped arriving before the scan read everything it counted (some were deleted
+    under it, or the server stopped answering): what was read is not the whole picture."""
+
+    reason = "scan_stalled"
+
+
+def scan_config(**fields: object) -> api.ConsumerConfig:
+    """An ephemeral, ack-less, in-memory consumer (``fields`` add the filter and start)."""
+    base = api.ConsumerConfig(name=f"scan-{uuid.uuid4().hex[:16]}", ack_policy=api.AckPolicy.NONE,
+                              mem_storage=True, num_replicas=1, inactive_threshold=IDLE)
+    return base.evolve(**fields)
+
+
+async def scan(js: JetStreamContext, stream: str, config: api.ConsumerConfig, *, batch: int = 1000,
+               timeout: float = 10.0) -> AsyncIterator[Msg]:
+    """Every message ``config`` selects, in order; raises ``ScanStalled`` when they stop coming
+    before the last. Use inside ``contextlib.aclosing`` (the consumer is deleted at the end)."""
+    info = await js.add_consumer(stream, config, timeout=timeout)
+    sub = None
+    try:
+        sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
+        pending, stalls = info.num_pending, 0
+        while pending > 0:
+            try:
+                msgs = await sub.fetch(min(batch, pending), timeout=timeout)
+            except (TimeoutError, nats.errors.TimeoutError):
+                # Messages deleted under the scan leave num_pending stale: ask again.
+                stalls += 1
+                pending = (await js.consumer_info(stream, info.name)).num_pending
+                if stalls >= STALLS and pending:
+                    raise ScanStalled(f"scan of {stream} stalled with {pending} messages to go") from None
+                continue
+            for msg in msgs:
+                pending = msg.metadata.num_pending
+                yield msg
+    finally:
+        if sub is not None:
+            with contextlib.suppress(*TRANSIENT):
+                await sub.unsubscribe()
+        with contextlib.suppress(*TRANSIENT):
+            await js.delete_consumer(stream, info.name)

@@ -1,0 +1,125 @@
+"""Leases on archive folders, so that two ingesters never write one folder at once.
+
+Two results of one task scraped on one UTC day (a recrawl the same day, a ``--force``, a replay)
+share a folder. Written at the same time by two ingesters, their files could interleave and leave
+a ``meta.json`` whose digests do not match the files beside it. So an ingester holds the folder's
+key in the FOLDERS bucket while it writes: created atomically (first writer wins), renewed while
+the write goes on, deleted when it is done. A lease a killed ingester left expires with the
+bucket's TTL (``streams/folders.toml``); a renewal that fails for that long gives the folder up
+and the write is abandoned before its ``meta.json`` (the result is retried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import AsyncIterator
+
+import nats.js.errors
+import structlog
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from busscrape.bus import names
+from busscrape.bus.retry import TRANSIENT
+from busscrape.errors import StorageUnavailable
+
+log = structlog.get_logger("busscrape.ingester")
+
+WAIT = 30.0  # how long a result waits for a folder another ingester writes, before it is retried later
+POLL = 0.2
+
+
+class FolderLost(StorageUnavailable):
+    """The lease could not be renewed in time: another ingester may hold the folder now."""
+
+    reason = "folder_lease_lost"
+
+
+class FolderLeases:
+    def __init__(self, js: JetStreamContext, holder: str, *, ttl: float = 30.0) -> None:
+        self._js = js
+        self.holder = holder.encode()
+        self.ttl = ttl
+        self._kv: KeyValue | None = None
+        self.waited = 0
+        """How often a folder was busy when this ingester wanted it."""
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await self._js.key_value(names.FOLDERS_BUCKET)
+            self.ttl = (await self._kv.status()).ttl or self.ttl
+        return self._kv
+
+    @staticmethod
+    def key(folder: str) -> str:
+        """A folder's key: its digest (folder names hold characters keys may not)."""
+        return hashlib.sha256(folder.encode()).hexdigest()[:40]
+
+    @contextlib.asynccontextmanager
+    async def hold(self, folder: str) -> AsyncIterator[Lease]:
+        """Hold ``folder`` for the block. Raises ``StorageUnavailable`` when another ingester
+        keeps it longer than ``WAIT`` or NATS does not answer (the result is retried later)."""
+        try:
+            kv = await self._bucket()
+            lease = Lease(kv, self.key(folder), await self._acquire(kv, self.key(folder), folder), self.ttl)
+        except TRANSIENT as exc:
+            raise StorageUnavailable(f"cannot lease archive folder {folder}: {exc!r}") from None
+        renewing = asyncio.create_task(lease.keep())
+        try:
+            yield lease
+        finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
+            await lease.release()
+
+    async def _acquire(self, kv: KeyValue, key: str, folder: str) -> int:
+        deadline = time.monotonic() + WAIT
+        busy = False
+        while True:
+            try:
+                return await kv.create(key, self.holder)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                if not busy:
+                    busy = True
+                    self.waited += 1
+                    log.info("folder.busy", folder=folder)
+            if time.monotonic() >= deadline:
+                raise StorageUnavailable(f"archive folder {folder} is being written by another ingester",
+                                         reason="folder_busy")
+            await asyncio.sleep(POLL)
+
+
+class Lease:
+    """One held folder. ``check()`` before committing: raises ``FolderLost`` if it was lost."""
+
+    def __init__(self, kv: KeyValue, key: str, revision: int, ttl: float) -> None:
+        self._kv = kv
+        self.key = key
+        self.revision = revision
+        self.ttl = ttl
+        self.lost = False
+        self._renewed = time.monotonic()
+
+    def check(self) -> None:
+        if self.lost or time.monotonic() - self._renewed >= self.ttl * 0.75:
+            raise FolderLost(f"the lease on archive folder key {self.key} was lost or not renewed in time")
+
+    async def keep(self) -> None:
+        """Renew every quarter of the TTL (an update resets the key's age)."""
+        while True:
+            await asyncio.sleep(self.ttl / 4)
+            try:
+                self.revision = await self._kv.update(self.key, b"renewed", last=self.revision)
+                self._renewed = time.monotonic()
+            except nats.js.errors.KeyWrongLastSequenceError:
+                self.lost = True  # check() says so before anything is committed
+                return
+            except TRANSIENT as exc:
+                log.warning("folder.renew_failed", error=repr(exc))
+
+    async def release(self) -> None:
+        with contextlib.suppress(*TRANSIENT):
+            await self._kv.delete(self.key, last=self.revision)
