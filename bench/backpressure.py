@@ -47,7 +47,7 @@ def settings_for(workdir: Path, url: str, pages: int) -> Settings:
     return Settings(state_dir=workdir / "state", nats={"url": url},
                     network={"allow": [f"{o}/32" for o in ORIGINS]},
                     worker={"concurrency": 4, "host_concurrency": 4, "max_tasks": pages, "reaper": False},
-                    ingester={"exit_when_idle": "3s"},
+                    ingester={"exit_when_idle": "10s"},
                     streams={"results_keep_acked": "0s"},
                     telemetry={"http_port": None, "log_level": "warning"})
 
