@@ -36,12 +36,14 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   echo "$want" > "$stamp"
 fi
 
-# A browser: Playwright's own build where it can be downloaded, else the system's Chromium.
+# A browser: Playwright's own build where it can be downloaded, else the system's Chromium and
+# its headless shell (what runs headless: see src/busscrape/worker/browser/chromium.py).
 have_browser() {
   "$venv/bin/python" - <<'PY' 2>/dev/null
 import sys
 from busscrape.worker.browser.chromium import find_chromium
-sys.exit(0 if find_chromium() else 1)
+found = find_chromium()
+sys.exit(0 if found and found.headless_shell else 1)
 PY
 }
 if ! have_browser; then
@@ -50,7 +52,7 @@ if ! have_browser; then
     say "Playwright's download failed; installing the system's chromium (apt)"
     sudo=""; [[ "$(id -u)" != 0 ]] && sudo="sudo"
     $sudo apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-headless-shell >/dev/null
   fi
   have_browser || { echo "no Chromium could be installed; set BUSSCRAPE_BROWSER__EXECUTABLE_PATH" >&2; exit 2; }
 fi

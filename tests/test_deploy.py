@@ -393,12 +393,14 @@ def test_daemon_images_check_health_on_the_telemetry_port(name: str) -> None:
     assert down.returncode != 0
 
 
-def test_worker_image_drives_debians_chromium_without_its_sandbox() -> None:
+def test_worker_image_drives_debians_headless_shell_without_its_sandbox() -> None:
     env = image_env(SERVICES / "worker" / "Dockerfile")
     s = settings_from(env, "worker image")
-    assert str(s.browser.executable_path) == "/usr/bin/chromium" and s.browser.no_sandbox is True
+    # The binary itself, not /usr/bin's wrapper script (which would leave a shell in between).
+    assert str(s.browser.executable_path) == "/usr/lib/chromium/chromium-headless-shell"
+    assert s.browser.no_sandbox is True and s.browser.headless
     steps = final_stage(SERVICES / "worker" / "Dockerfile")
-    assert any(k == "RUN" and "apt-get install" in a and " chromium " in a for k, a in steps)
+    assert any(k == "RUN" and "apt-get install" in a and " chromium-headless-shell " in a for k, a in steps)
 
 
 def test_container_commands_parse() -> None:

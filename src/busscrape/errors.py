@@ -15,8 +15,9 @@
     │   ├── InvalidTask               a decoded task that cannot run (bad steps, evaluate disabled …)
     │   ├── PolicyBlocked             the network policy refused a URL (scheme, non-public address)
     │   ├── PermanentStatus           an HTTP status policy says is final (404 …)
-    │   ├── LimitExceeded             page, HAR, steps or screenshot over a configured limit
-    │   └── ArtifactUnusable          an artifact expired from the object store or fails its sha256
+    │   ├── LimitExceeded             page, HAR, steps, screenshot or message over a configured limit
+    │   ├── ArtifactUnusable          an artifact expired from the object store or fails its sha256
+    │   └── StorageRefused            the archive refused an object for what it is (a name too long)
     ├── ConfigurationError ........ the process exits at start with a fix-it message (exit code 2)
     │   ├── NatsUnavailable           cannot connect to NATS
     │   ├── StreamsMissing            a stream, consumer or bucket is not there: run `streams apply`
@@ -127,6 +128,13 @@ class LimitExceeded(PermanentError):
 
 class ArtifactUnusable(PermanentError):
     reason = "artifact_unusable"
+
+
+class StorageRefused(PermanentError):
+    """The storage refused an object for what it is, not for how it is doing (a name it cannot
+    hold, an object too large): the same object will be refused again."""
+
+    reason = "storage_refused"
 
 
 # -- exit at start ------------------------------------------------------------------------------

@@ -98,6 +98,8 @@ async def test_the_token_must_match_exactly(api):
         assert await status_with(near.encode()) == b"401", near
     for near in (f"Bearer {TOKEN}\x1f", f"Bearer \x1f{TOKEN}"):  # refused by the HTTP parser, or by us
         assert await status_with(near.encode()) in (b"400", b"401"), near
+    for raw in (b"Bearer \xff" + TOKEN.encode(), b"Bearer " + TOKEN.encode() + b"\xc3", b"Bearer \xe9t\xe9"):
+        assert await status_with(raw) == b"401", raw  # not UTF-8: refused, not a server error
 
 
 async def test_post_tasks_queues_through_the_dispatcher_with_an_outcome_per_url(api, applied, http, api_settings):

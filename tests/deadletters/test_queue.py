@@ -28,6 +28,7 @@ from busscrape.status.records import StatusBoard
 from busscrape.worker.attempts import AttemptLog, attempts_key
 from tests.ops.test_overview import busscrape
 from tests.support.bus import count, dead_letters, enqueue, stream_messages
+from tests.support.hostile_text import HOSTILE, shown_safely
 from tests.worker.test_daemon import run_worker, wbus, wsettings  # noqa: F401 - fixtures
 
 
@@ -231,3 +232,17 @@ async def test_replay_of_a_dead_letter_gets_it_archived_once_the_cause_is_fixed(
     states = [s.state for s in await StatusBoard(js).history(task.task_id)]
     last_dead = len(states) - 1 - states[::-1].index("dead")
     assert states[last_dead:] == ["dead", "queued", "running", "rendered", "archived"], states
+
+
+async def test_list_and_show_print_what_a_page_wrote_as_text(applied, settings):
+    task = task_for("http://127.0.0.2:8000/[bold]x[/]")
+    now = utcnow()
+    seq = await file(applied.js, DeadLetter(
+        task_id=task.task_id, stage="worker", reason="page_error", error=HOSTILE, url=task.url, host="127.0.0.2",
+        attempts=(AttemptRecord(attempt=1, worker="w1", at=now, reason="page_error", error=HOSTILE,
+                                retryable=False),), task=task), "hostile")
+    listed, shown = await asyncio.gather(busscrape(settings.nats.url, "dlq", "list", COLUMNS="400"),
+                                         busscrape(settings.nats.url, "dlq", "show", str(seq), COLUMNS="400"))
+    assert listed.returncode == 0 and shown.returncode == 0, (listed.stderr, shown.stderr)
+    assert "/[bold]x[/]" in listed.stdout and "\x1b" not in listed.stdout  # the URL as it is
+    assert shown_safely(shown.stdout), shown.stdout

@@ -120,6 +120,28 @@ async def test_every_bad_line_is_a_rejection_with_its_line_number(tmp_path):
     assert by_line[8].text.endswith('\\xff"}')  # bytes escaped, never a crash
 
 
+async def test_what_would_fail_every_attempt_in_the_worker_is_refused_at_dispatch(tmp_path):
+    path = tmp_path / "specs.jsonl"
+    shots = '[{"action": "screenshot", "name": "top"}, {"action": "screenshot", "name": "top"}]'
+    path.write_text("\n".join([
+        f'{{"url": "http://example.com/1", "steps": {shots}}}',              # one archive file for two
+        '{"url": "http://example.com/2", "headers": {"X-Bad": "a\\nb"}}',  # Chromium: invalid value
+        '{"url": "http://example.com/3", "headers": {"Bad Name": "v"}}',    # Chromium: invalid name
+        '{"url": "http://example.com/4", "headers": {"Host": "other"}}',     # Chromium: ERR_INVALID_ARGUMENT
+        '{"url": "http://example.com/5", "user_agent": "agent\\r\\nX: y"}',
+        '{"url": "http://example.com/6", "steps": [{"action": "goto", "url": "http://u:pw@example.com/"}]}',
+        '{"url": "http://example.com/7", "headers": {"Authorization": "Basic dTpw"}, "user_agent": "Bot/1.0 (ü)"}',
+    ]) + "\n")
+    items = await read_all(path)
+    rejected = {r.line: r.detail for r in items if isinstance(r, Rejection)}
+    assert sorted(rejected) == [1, 2, 3, 4, 5, 6]
+    assert "screenshot step names must be unique" in rejected[1] and "top" in rejected[1]
+    assert "control character" in rejected[2] and "not an HTTP token" in rejected[3]
+    assert "the browser's own to set" in rejected[4] and "user_agent holds a control character" in rejected[5]
+    assert "options.headers" in rejected[6] and "pw@" not in rejected[6]
+    assert isinstance(items[-1], TaskSpec) and items[-1].options.headers == {"Authorization": "Basic dTpw"}
+
+
 async def test_an_overlong_line_is_skipped_without_holding_it(tmp_path):
     path = tmp_path / "urls.txt"
     path.write_bytes(b"http://example.com/1\nhttp://example.com/" + b"x" * 5000 + b"\nhttp://example.com/3\n")

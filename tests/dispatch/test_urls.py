@@ -26,7 +26,6 @@ TRACKING = UrlRules.from_settings(DispatchSettings(strip_tracking=True))
     ("http://Bücher.example/", "http://xn--bcher-kva.example/"),
     ("http://xn--bcher-kva.example/", "http://xn--bcher-kva.example/"),
     ("  http://example.com/trailing-space  ", "http://example.com/trailing-space"),
-    ("http://user:pw@Example.com/", "http://user:pw@example.com/"),
     ("http://example.com/?", "http://example.com/"),
     # Numeric IPv4 hosts, read the way browsers read them.
     ("http://0x7f000001/", "http://127.0.0.1/"),
@@ -66,6 +65,11 @@ def test_normalises_to_one_spelling(given, expected):
     ("http://xn--ls8h.example/", "invalid_idna"),
     ("http://a\u200bb.example/", "invalid_idna"),
     ("http://example.com/" + "a" * 3000, "too_long"),
+    ("http://user:pw@Example.com/", "credentials_in_url"),
+    ("http://user@example.com/", "credentials_in_url"),
+    ("http://:pw@example.com/", "credentials_in_url"),
+    ("http://@example.com/", "credentials_in_url"),
+    ("https://u:p%40ss@example.com/", "credentials_in_url"),
 ])
 def test_rejects_with_a_stable_reason(given, reason):
     with pytest.raises(InputError) as info:
@@ -133,3 +137,10 @@ def test_every_text_is_either_normalised_stably_or_rejected_with_a_known_reason(
         assert url.startswith(("http://", "https://"))
         assert "#" not in url and len(url) <= rules.max_length
         assert normaliser(url) == url  # idempotent: a normalised URL is its own canonical form
+
+
+def test_a_url_with_credentials_is_refused_with_how_to_send_them_instead():
+    with pytest.raises(InputError) as info:
+        normalise("http://alice:s3cret@example.com/private")
+    assert info.value.reason == "credentials_in_url"
+    assert "s3cret" not in str(info.value) and "options.headers" in str(info.value)

@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import hashlib
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -404,3 +405,87 @@ async def test_a_results_folder_is_synced_once_after_its_meta_json(applied, fold
     await ingest(applied, folder_storage, settings, max_results=1)
     in_folder = [synced_names for name, synced_names in synced if name == result.task_id]
     assert in_folder == [["meta.json", "page.har.gz", "page.html.gz", "page.txt.gz", "screenshot.png"]]
+
+
+# -- what the archive refuses ------------------------------------------------------------------
+
+LONG_HOST = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 56]) + ".test"  # 253 characters: the longest name
+
+
+async def test_the_longest_host_dispatch_accepts_is_archived_under_a_shortened_partition(applied, folder_storage,
+                                                                                         settings):
+    from busscrape.dispatch.urls import normalise
+
+    url = normalise(f"http://{LONG_HOST}:8000/page")  # accepted by the dispatcher
+    assert len(LONG_HOST) == 253
+    result = await produce(applied.js, url=url)
+    ingester = Ingester(applied, folder_storage, tuned(settings))
+    async with ingester:
+        running = asyncio.create_task(ingester.run())
+        await wait_until(lambda: _drained(applied.js), timeout=30)
+        ingester.stop()
+        counters = await asyncio.wait_for(running, 30)
+    assert counters["archived"] == 1 and counters["retried"] == 0
+    folder = folder_of(result)
+    host_part = next(part for part in folder.split("/") if part.startswith("host="))
+    assert len(host_part.encode()) <= 255 and host_part.startswith("host=" + LONG_HOST[:95])
+    meta = await assert_archived(folder_storage, result, {"page.html": HTML, "screenshot.png": PNG, "page.har": HAR})
+    assert meta["url"] == url  # the URL itself is whole
+    [status] = await StatusBoard(applied.js).history(result.task_id)
+    assert status.state == "archived"
+
+
+async def test_an_object_the_storage_refuses_is_dead_lettered_and_recorded_dead(applied, folder_storage, settings):
+    """EFBIG (the file is over what this file system takes, here RLIMIT_FSIZE): the same write
+    fails again, so the result is dead-lettered with the reason instead of retried for ever."""
+    import resource
+
+    big = await produce(applied.js, files={"page.html": HTML, "screenshot.png": os.urandom(600_000)})
+    small = await produce(applied.js, files={"page.html": b"<p>small</p>"})
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (500_000, limits[1]))
+    try:
+        ingester = Ingester(applied, folder_storage, tuned(settings, concurrency=1))
+        async with ingester:
+            running = asyncio.create_task(ingester.run())
+            await wait_until(lambda: _drained(applied.js), timeout=30)
+            ingester.stop()
+            counters = await asyncio.wait_for(running, 30)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert (counters["archived"], counters["dead_lettered"]) == (1, 1)
+    [letter] = await dead_letters(applied.js)
+    assert letter.reason == "storage_refused" and letter.result == big and "File too large" in letter.error
+    [status] = await StatusBoard(applied.js).history(big.task_id)
+    assert status.state == "dead" and status.reason == "storage_refused"
+    assert await folder_storage.keys(folder_of(big)) == []  # nothing half-written left
+    await assert_archived(folder_storage, small, {"page.html": b"<p>small</p>"})
+
+
+@pytest.mark.slow
+async def test_a_result_the_archive_cannot_take_before_results_drops_it_is_dead_lettered(applied, tmp_path, settings):
+    """RESULTS drops a message at its max_age: a result still not archived by then would vanish
+    unrecorded. In the last tenth of that age the ingester files it as a dead letter instead."""
+    short = settings.with_overrides(streams={"results_max_age": "20s", "duplicate_window": "10s"})
+    await provision.apply(applied.js, topology.load(short))
+    result = await produce(applied.js)
+    async with FileStorage(tmp_path / "archive") as storage:
+        shutil.rmtree(storage.root)  # the disk went away: every write now fails (ENOTDIR), for a while
+        storage.root.write_text("a file where the archive's folder should be")
+        ingester = Ingester(applied, storage, tuned(short))
+        async with ingester:
+            running = asyncio.create_task(ingester.run())
+            await wait_until(lambda: has_letters(applied.js, 1), timeout=40)
+            ingester.stop()
+            counters = await asyncio.wait_for(running, 30)
+    assert counters["dead_lettered"] == 1 and counters["retried"] >= 5
+    [letter] = await dead_letters(applied.js)
+    assert letter.reason == "archive_unavailable" and letter.result == result and "max_age" in letter.error
+    [status] = await StatusBoard(applied.js).history(result.task_id)
+    assert status.state == "dead" and status.reason == "archive_unavailable"
+
+
+async def has_letters(js, n: int) -> bool:
+    return len(await dead_letters(js)) >= n

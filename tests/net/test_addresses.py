@@ -37,7 +37,7 @@ def test_invalid_numeric_hosts_raise(host):
      ("169.254.169.254", "link_local"), ("224.0.0.1", "multicast"), ("0.0.0.0", "unspecified"),
      ("100.64.0.1", "non_global"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"),
      ("64:ff9b::7f00:1", "loopback"), ("2002:7f00:1::", "loopback"), ("fe80::1", "link_local"),
-     ("fc00::1", "private"), ("240.0.0.1", "reserved")],
+     ("fc00::1", "private"), ("240.0.0.1", "reserved"), ("fec0::1", "site_local"), ("feff::1", "site_local")],
 )
 def test_non_public_addresses_are_classified(ip, why):
     assert classify(parse_ip_host(ip)) == why

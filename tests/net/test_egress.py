@@ -45,3 +45,54 @@ async def test_a_name_is_checked_by_what_it_resolves_to(site):
         code, _, writer = await socks_connect(proxy, "localhost", site.port)  # 127.0.0.1 / ::1
         writer.close()
     assert code == 2
+
+
+def open_descriptors() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_half_closed_and_silent_connections_are_let_go(tmp_path):
+    """1,000 connections whose client closes its half while the far end never answers nor closes,
+    and clients that never finish the handshake: the proxy lets every one go, descriptors and
+    tasks back where they were."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # reads nothing, writes nothing, never closes
+
+    far = await asyncio.start_server(silent, "127.0.0.2", 0, backlog=2048)
+    port = far.sockets[0].getsockname()[1]
+    async with EgressProxy(NetworkPolicy.from_settings(["127.0.0.2/32"]), handshake_timeout=1.0, linger=1.0,
+                           idle_timeout=2.0) as proxy:
+        await asyncio.sleep(0.1)
+        before = open_descriptors()
+        clients = []
+        for _batch in range(10):
+            opened = await asyncio.gather(*(socks_connect(proxy, "127.0.0.2", port) for _ in range(100)))
+            for code, _, writer in opened:
+                assert code == 0
+                writer.write_eof()  # half-closed: the client will send nothing more
+            clients += opened
+        stalled = [await asyncio.open_connection(proxy.host, proxy.port) for _ in range(20)]  # no handshake
+        assert proxy.connections == 1000  # every one reached the far end
+
+        async def let_go() -> bool:
+            return not proxy._tasks
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await let_go():
+            assert asyncio.get_running_loop().time() < deadline, f"{len(proxy._tasks)} connections still held"
+            await asyncio.sleep(0.2)
+        for _, reader, writer in clients:
+            assert await reader.read() == b""  # the proxy closed it
+            writer.close()
+        for reader, writer in stalled:
+            assert await reader.read() == b""
+            writer.close()
+        for writer in held:
+            writer.close()
+        await asyncio.sleep(0.5)
+        assert open_descriptors() <= before + 2  # the proxy's own listener and a little slack
+    far.close()

@@ -32,7 +32,9 @@ def test_bad_allow_entries_are_configuration_errors(bad):
      ("http://0x7f000009/", "blocked_address"), ("http://2130706441/", "blocked_address"),
      ("http://0177.0.0.9/", "blocked_address"), ("http://[::ffff:127.0.0.9]/", "blocked_address"),
      ("http://[::1]/", "blocked_address"), ("http://localhost/", "blocked_address"),
-     ("http://1.2.3.4.5/", "blocked_invalid_url"), ("http:///nohost", "blocked_invalid_url")],
+     ("http://1.2.3.4.5/", "blocked_invalid_url"), ("http:///nohost", "blocked_invalid_url"),
+     # allow-listed, but the URL carries credentials (a page's redirect, a task from before the dispatcher refused them)
+     ("http://u:pw@127.0.0.2/", "credentials_in_url"), ("http://@127.0.0.2/", "credentials_in_url")],
 )
 async def test_blocked_navigations(url, reason):
     policy = NetworkPolicy.from_settings(["127.0.0.2/32"])

@@ -25,8 +25,8 @@ from tests.support.net import free_port
 def cli_env(nats_url: str, **extra: str) -> dict[str, str]:
     """A child's environment: this test's NATS, JSON logs, a wide terminal, nothing else of ours."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
-    env.update(BUSSCRAPE_NATS__URL=nats_url, BUSSCRAPE_NATS__CONNECT_TIMEOUT="2",
-               BUSSCRAPE_TELEMETRY__LOG_FORMAT="json", COLUMNS="200", **extra)
+    env.update({"BUSSCRAPE_NATS__URL": nats_url, "BUSSCRAPE_NATS__CONNECT_TIMEOUT": "2",
+                "BUSSCRAPE_TELEMETRY__LOG_FORMAT": "json", "COLUMNS": "200", **extra})
     return env
 
 

@@ -23,10 +23,11 @@ from busscrape.ingest.daemon import Ingester
 from busscrape.model.messages import ScrapeTask, TaskOptions, task_key
 from busscrape.settings import settings_env
 from busscrape.status.history import HistoryReader, TaskHistory, merge
-from busscrape.status.records import TaskStatus
+from busscrape.status.records import StatusBoard, TaskStatus
 from busscrape.worker.daemon import Worker
 from tests.conftest import make_settings
 from tests.support import pages
+from tests.support.hostile_text import HOSTILE, shown_safely
 
 T0 = datetime(2025, 6, 30, 12, tzinfo=UTC)
 ID = "a" * 32
@@ -183,3 +184,18 @@ def test_the_task_command_refuses_what_dispatch_would_reject(tmp_path, nats_url)
     bad = subprocess.run([sys.executable, "-m", "busscrape", "task", "ftp://example.com/"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unsupported_scheme" in bad.stderr
+
+
+async def test_the_task_command_shows_what_a_page_wrote_as_text(applied, settings):
+    # A retry's error and the worker's name carry markup and escape sequences (a page's error
+    # text can say anything); the table must show them, not obey them.
+    board = StatusBoard(applied.js)
+    url = "http://127.0.0.2:8000/x"
+    task_id = task_key(url)
+    await board.record(TaskStatus(task_id=task_id, state="retrying", at=datetime.now(UTC), url=url,
+                                  attempt=1, reason="page_error", error=HOSTILE, worker=HOSTILE[:40]))
+    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "task", task_id],
+                                    env={**settings_env(settings), "COLUMNS": "400"}, capture_output=True,
+                                    text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown_safely(shown.stdout), shown.stdout

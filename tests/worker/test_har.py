@@ -76,3 +76,27 @@ async def test_bodies_are_dropped_before_the_limit_fails(page, site):
     assert dropped and b"body{color:red}" not in data
     with pytest.raises(ValueError, match="without bodies"):
         har.build(browser_version="x", page_timings={}, max_bytes=100)
+
+
+async def test_embedded_bodies_stay_within_the_pages_budget(page, site):
+    from aiohttp import web
+
+    # Ten 1 MB responses against a budget of 3.5 MB of embedded text.
+    site.page("/heavy", "<title>heavy</title>" + "".join(f"<img src=/big{i}.bin>" for i in range(10)))
+
+    async def big(request):
+        n = int(request.path.removeprefix("/big").removesuffix(".bin"))
+        return web.Response(body=bytes([n]) * 1_000_000, content_type="application/octet-stream")
+
+    for i in range(10):
+        site.route(f"/big{i}.bin")(big)
+
+    har = HarRecorder(page, embed_bodies=True, max_total_bytes=3_500_000)
+    await page.goto(site.url("/heavy"), wait_until="networkidle")
+    await har.settle()
+    doc = orjson.loads(har.build(browser_version="x", page_timings={}, max_bytes=10**8)[0])["log"]
+    images = [e["response"]["content"] for e in doc["entries"] if ".bin" in e["request"]["url"]]
+    embedded = [c for c in images if "text" in c]
+    assert len(images) == 10 and len(embedded) == 2  # 2 x 1.33 MB of base64 fit, a third does not
+    assert har.embedded_bytes <= 3_500_000
+    assert all("not embedded" in c["comment"] for c in images if "text" not in c)

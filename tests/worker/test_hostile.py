@@ -57,6 +57,12 @@ def hostile(site):
         let n = 0; const add = () => { for (let i = 0; i < 5; i++) document.getElementById('feed')
           .insertAdjacentHTML('beforeend', '<div style="height:400px">item ' + (++n) + '</div>'); };
         add(); window.addEventListener('scroll', add);</script>""")
+    @site.route("/protected")
+    async def protected(request):
+        return web.Response(status=401, text="who are you?", headers={"WWW-Authenticate": 'Basic realm="r"'})
+
+    site.page("/asks-for-login", "<title>asks</title><img src=/protected><script src=/protected></script><script>"
+                                 "fetch('/protected').then(r => document.title = 'asked: ' + r.status)</script>")
     site.page("/tall", "<title>tall</title>" + "".join(f"<div style='height:500px'>row {i}</div>" for i in range(100)))
     return site
 
@@ -92,6 +98,20 @@ async def test_a_page_that_eats_memory_until_its_tab_crashes(wbus, wsettings, ho
     await provision.apply(wbus.js, topology.load(short))
     letters, _ = await outcome_then_normal(wbus, short, hostile, hostile.url("/hog"), navigation_timeout=60)
     assert [d.reason for d in letters] == ["page_crashed"] and len(letters[0].attempts) == 2
+
+
+async def test_subresources_that_ask_for_a_login_do_not_hold_the_page(wbus, wsettings, hostile):  # noqa: F811
+    # Nobody can answer a login prompt: the 401s reach the page as they are, and it loads.
+    letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/asks-for-login"),
+                                                  steps=(WaitFor(selector="title", selector_state="attached"),))
+    assert letters == [] and result.status == 200
+
+
+async def test_a_page_that_asks_for_a_login_is_its_status(wbus, wsettings, hostile):  # noqa: F811
+    # A 401 document is an HTTP status for the status policy (401 dead-letters at once by
+    # default), not a network error retried until the attempts run out.
+    letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/protected"))
+    assert [d.reason for d in letters] == ["http_401"] and len(letters[0].attempts) == 1
 
 
 async def test_dialogs_are_dismissed(wbus, wsettings, hostile):  # noqa: F811

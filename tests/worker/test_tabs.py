@@ -13,7 +13,7 @@ from busscrape.model.messages import TaskOptions
 from busscrape.model.steps import WaitFor
 from busscrape.settings import BrowserSettings
 from busscrape.worker.browser.pool import BrowserPool
-from tests.support.bus import enqueue, results
+from tests.support.bus import enqueue, results, wait_until
 from tests.worker.test_daemon import run_worker, wbus, wsettings  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
@@ -45,10 +45,20 @@ READER = """<title>reader</title><pre id=out></pre><script>
 })();</script>"""
 
 
+async def render_in_turn(wbus, wsettings, site, isolation, pages):  # noqa: F811
+    """Serves `pages` (path -> HTML) and renders them in order in one slot: each task runs in the tab
+    (or the replacement context) the one before it used, right after it. Each page signals `#done`
+    when it has run."""
+    done = (WaitFor(selector="#done", selector_state="attached"),)
+    for path, html in pages.items():
+        site.page(path, html)
+        await enqueue(wbus.js, site.url(path), steps=done, options=TaskOptions(artifacts=("html",)))
+    worker = await run_worker(wbus, wsettings, concurrency=1, isolation=isolation)
+    assert worker.counters["completed"] == len(pages)
+
+
 @pytest.mark.parametrize("isolation", ["tab", "context"])
 async def test_state_set_by_one_task_is_invisible_to_the_next(wbus, wsettings, site, isolation):  # noqa: F811
-    site.page("/set", SETTER)
-    site.page("/get", READER)
     fetched = []
 
     @site.route("/cacheable")
@@ -56,12 +66,7 @@ async def test_state_set_by_one_task_is_invisible_to_the_next(wbus, wsettings, s
         fetched.append(request.headers.get("Cookie", ""))
         return web.Response(text="x", headers={"Cache-Control": "max-age=3600"})
 
-    done = (WaitFor(selector="#done", selector_state="attached"),)
-    await enqueue(wbus.js, site.url("/set"), steps=done)
-    await enqueue(wbus.js, site.url("/get"), steps=done, options=TaskOptions(artifacts=("html",)))
-    # One slot: the second task runs in the same tab (or its replacement context) right after.
-    worker = await run_worker(wbus, wsettings, concurrency=1, isolation=isolation)
-    assert worker.counters["completed"] == 2
+    await render_in_turn(wbus, wsettings, site, isolation, {"/set": SETTER, "/get": READER})
     reader = next(r for r in await results(wbus.js) if r.url == site.url("/get"))
     html = (await ArtifactStore(wbus.js).read(reader.artifacts[0])).decode()
     seen = json.loads(html.split('<pre id="out">')[1].split("</pre>")[0].replace("&quot;", '"'))
@@ -102,3 +107,48 @@ async def test_a_deferred_wipe_pauses_the_page_and_gives_way_to_a_task_waiting_f
                 await fourth.page.goto(site.url("/tick"))
                 await asyncio.sleep(0.3)
                 assert await fourth.page.evaluate("window.ticks") > 5  # scripts run again after the wipe
+
+
+# Task A's page answers a Basic challenge itself (XHR with a user and password); Chromium files
+# the credentials in the context's HTTP auth cache, which no CDP call clears.
+AUTHORISING = """<title>a</title><script>
+const x = new XMLHttpRequest(); x.open('GET', '/protected', true, 'user', 'pw');
+x.onloadend = () => document.body.insertAdjacentHTML('beforeend', '<p id=done>' + x.status + '</p>'); x.send();
+</script>"""
+# Task B asks for the same resource with no credentials of its own.
+ASKING = """<title>b</title><script>
+fetch('/protected').then(r => document.body.insertAdjacentHTML('beforeend', '<p id=done>' + r.status + '</p>'));
+</script>"""
+
+
+@pytest.mark.parametrize("isolation", ["tab", "context"])
+async def test_credentials_one_task_gave_a_site_are_not_sent_for_the_next(wbus, wsettings, site, isolation):  # noqa: F811
+    sent = []
+
+    @site.route("/protected")
+    async def protected(request):
+        sent.append(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") == "Basic dXNlcjpwdw==":  # user:pw
+            return web.Response(text="secret")
+        return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="r"'})
+
+    await render_in_turn(wbus, wsettings, site, isolation, {"/a": AUTHORISING, "/b": ASKING})
+    # Task A: challenged, then answered. Task B: one request, and it carries no credentials.
+    assert sent == [None, "Basic dXNlcjpwdw==", None]
+
+
+async def test_tabs_kept_ready_are_bounded_over_all_user_agents(site):
+    site.page("/plain", "<title>plain</title><p>plain</p>")
+    async with BrowserPool(BrowserSettings(), proxy_url=None, recycle_after_tasks=1000, recycle_rss=2**40,
+                           idle_tabs=2) as pool:
+        # Ten tasks, each with its own user agent: each needs a tab of its own kind.
+        for n in range(10):
+            async with pool.tab(user_agent=f"agent-{n}") as tab:
+                await tab.page.goto(site.url("/plain"))
+                last = tab
+            await asyncio.sleep(0.05)
+        await wait_until(lambda: asyncio.sleep(0, pool.contexts <= 2), timeout=30)  # the last wipes finish
+        assert pool.contexts == 2
+        # The ready ones are the most recent: agent-9's tab is reused, not reopened.
+        async with pool.tab(user_agent="agent-9") as tab:
+            assert tab is last and await tab.page.evaluate("navigator.userAgent") == "agent-9"

@@ -181,7 +181,8 @@ class ApiServer:
         if scheme.lower() != "bearer" or not given:
             raise ApiError(401, "unauthorized", "this API wants `Authorization: Bearer <token>`",
                            headers={"WWW-Authenticate": 'Bearer realm="busscrape"'})
-        if not hmac.compare_digest(given.encode(), self._token):
+        # aiohttp keeps bytes that are not UTF-8 as surrogates: compare the bytes as received.
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self._token):
             raise ApiError(401, "invalid_token", "the bearer token is not the API's",
                            headers={"WWW-Authenticate": 'Bearer realm="busscrape", error="invalid_token"'})
         return await handler(request)

@@ -13,7 +13,10 @@ redelivered result maps to the same keys and the same bytes::
     <prefix>/deadletter/dt=2025-01-31/poison-<stream>-<seq>.json       an undecodable message's letter
 
 ``dt`` is the scrape time in UTC, ``host`` the host of the task's URL (Hive-escaped; no host
-gives ``__HIVE_DEFAULT_PARTITION__`` as Hive and Spark write it). HTML, HAR and text are
+gives ``__HIVE_DEFAULT_PARTITION__`` as Hive and Spark write it). A file system refuses names over
+255 bytes and an escaped host can be longer (a 253-character name with escapes): such a value is
+kept to its first ``LONG_KEEP`` characters plus ``~`` and 16 hex digits of its sha256, so every
+URL the dispatcher accepts has a folder, the same one every time. HTML, HAR and text are
 gzip-compressed with a fixed header (mtime 0, OS "unknown") and a fixed level, so the
 compressed bytes are a function of the original bytes; ``zcat``, DuckDB, Spark and browsers
 (through ``Content-Encoding: gzip``) read them as they are. Images are stored as captured.
@@ -22,6 +25,7 @@ compressed bytes are a function of the original bytes; ``zcat``, DuckDB, Spark a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import struct
 import zlib
@@ -95,11 +99,25 @@ def partition_date(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d")
 
 
-def partition_value(value: str | None) -> str:
-    """A Hive partition value: characters other than ``[A-Za-z0-9._-]`` escaped as ``%XX``."""
+def partition_value(value: str | None, *, name: str = "host") -> str:
+    """A Hive partition value: characters other than ``[A-Za-z0-9._-]`` escaped as ``%XX``, and
+    shortened (deterministically) where ``<name>=<value>`` would not fit in a file name."""
     if not value:
         return NO_HOST
-    return _SAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), value)
+    escaped = _SAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), value)
+    return shortened(escaped, MAX_NAME - len(name) - 1)
+
+
+MAX_NAME = 255  # bytes in one path component on every common file system
+LONG_KEEP = 100
+
+
+def shortened(component: str, limit: int = MAX_NAME) -> str:
+    """``component`` as it is when it fits in ``limit`` bytes, else its first ``LONG_KEEP``
+    characters, ``~`` and 16 hex digits of the whole one's sha256 (stable, and still readable)."""
+    if len(component.encode()) <= limit:
+        return component
+    return f"{component[:LONG_KEEP]}~{hashlib.sha256(component.encode()).hexdigest()[:16]}"
 
 
 def plan(result: ScrapeResult, *, prefix: str = "", compress: bool = True) -> ArchivePlan:

@@ -14,9 +14,11 @@ import typer
 
 from busscrape import __version__
 from busscrape.errors import EXIT_INTERRUPTED, ConfigurationError
+from busscrape.printable import visible
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
     from busscrape.settings import Settings
 
@@ -55,6 +57,22 @@ class _Lazy:
 err: Console = _Lazy(stderr=True)  # type: ignore[assignment]
 out: Console = _Lazy(stderr=False)  # type: ignore[assignment]
 
+
+def safe(value: object) -> str:
+    """Outside text for a markup string (an f-string given to ``print``, a table cell): shown as
+    it is, never read as markup (``[/]`` would crash the command, ``[link=…]`` spoof it), its
+    escape sequences shown rather than obeyed."""
+    from rich.markup import escape
+
+    return escape(visible(value))
+
+
+def plain(value: object) -> Text:
+    """Outside text as a rich ``Text`` (never markup), escape sequences shown (``visible``)."""
+    from rich.text import Text
+
+    return Text(visible(value))
+
 T = TypeVar("T")
 
 
@@ -67,7 +85,7 @@ def settings(**sections: dict[str, Any]) -> Settings:
         base = Settings()
         result = base.with_overrides(**sections) if sections else base
     except ValueError as exc:  # pydantic ValidationError is a ValueError
-        err.print(f"[red]error:[/] invalid settings: {exc}")
+        err.print(f"[red]error:[/] invalid settings: {safe(exc)}")
         raise typer.Exit(2) from None
     logs.configure(result.telemetry.log_format, result.telemetry.log_level)
     return result
@@ -111,7 +129,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {safe(exc)}")
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")

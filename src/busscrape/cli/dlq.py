@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.app import app, err, out, plain, run, safe, settings
 from busscrape.errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL
+from busscrape.printable import visible
 
 if TYPE_CHECKING:
     from busscrape.deadletters.queue import DeadLetterQueue, Entry, LetterFilter, Outcome
@@ -107,7 +108,8 @@ def list_cmd(reason: list[str] = REASON, host: list[str] = HOST, stage: list[str
     table = Table("seq", "age", "stage", "reason", "host", "url", "attempts", title=f"{len(rows):,} dead letters",
                   title_justify="left")
     for e in rows:
-        table.add_row(str(e.seq), age(e.age(now)), e.stage, e.reason, e.host or "", e.url or "", str(e.attempts),
+        table.add_row(str(e.seq), age(e.age(now)), safe(e.stage), safe(e.reason), safe(e.host or ""), safe(e.url or ""),
+                      str(e.attempts),
                       style=None if e.unreplayable() is None else "dim")
     out.print(table)
 
@@ -139,29 +141,29 @@ def _show(e: Entry, now: datetime) -> None:
     from rich.text import Text
 
     facts = Table.grid(padding=(0, 2))
-    facts.add_row("seq", f"{e.seq}  [dim]({e.subject})[/]")
-    facts.add_row("stage", e.stage)
-    facts.add_row("reason", f"[bold]{e.reason}[/]")
+    facts.add_row("seq", f"{e.seq}  [dim]({safe(e.subject)})[/]")
+    facts.add_row("stage", plain(e.stage))
+    facts.add_row("reason", f"[bold]{safe(e.reason)}[/]")
     facts.add_row("dead at", f"{e.dead_at.isoformat()}  [dim]({age(e.age(now))} ago)[/]")
     letter = e.letter
     if letter is not None:
-        facts.add_row("error", Text(letter.error))
+        facts.add_row("error", plain(letter.error))
         for label, value in (("task", letter.task_id), ("url", letter.url), ("host", e.host)):
             if value:
-                facts.add_row(label, Text(value))
+                facts.add_row(label, plain(value))
         if letter.source is not None:
-            facts.add_row("from", f"{letter.source.stream} seq {letter.source.seq} ({letter.source.subject})")
+            facts.add_row("from", plain(f"{letter.source.stream} seq {letter.source.seq} ({letter.source.subject})"))
     else:
-        facts.add_row("problem", Text(e.problem or ""))
+        facts.add_row("problem", plain(e.problem or ""))
     why = e.unreplayable()
-    facts.add_row("replay", "[green]possible[/]" if why is None else f"[yellow]not possible[/]: {why}")
+    facts.add_row("replay", "[green]possible[/]" if why is None else f"[yellow]not possible[/]: {safe(why)}")
     out.print(facts)
     if letter is not None and letter.attempts:
         attempts = Table("#", "at", "worker", "reason", "status", "retryable", "error", title="attempts",
                          title_justify="left")
         for a in letter.attempts:
-            attempts.add_row(str(a.attempt), a.at.isoformat(timespec="seconds"), a.worker, a.reason,
-                             str(a.status or ""), "yes" if a.retryable else "no", Text(a.error))
+            attempts.add_row(str(a.attempt), a.at.isoformat(timespec="seconds"), plain(a.worker), plain(a.reason),
+                             str(a.status or ""), "yes" if a.retryable else "no", plain(a.error))
         out.print(attempts)
     if letter is not None and (letter.task or letter.result):
         body = letter.task or letter.result
@@ -171,7 +173,7 @@ def _show(e: Entry, now: datetime) -> None:
     payload = letter.payload if letter is not None else e.payload
     if payload:
         out.print(Text("payload (start)", style="bold"))
-        out.print(Text(payload))
+        out.print(plain(payload))
 
 
 # -- replay / purge -------------------------------------------------------------------------
@@ -267,9 +269,10 @@ def _report(o: Outcome) -> None:
     e = o.entry
     what = f"{e.stage}/{e.reason}  {e.url or e.task_id or ''}" if e is not None else ""
     where = f" -> TASKS seq {o.task_seq}" if o.task_seq is not None else ""
-    line = Text.assemble((f"{o.action.replace('_', ' '):<13}", _STYLE[o.action]), f"seq {o.seq}  {what}{where}")
+    line = Text.assemble((f"{o.action.replace('_', ' '):<13}", _STYLE[o.action]),
+                         plain(f"seq {o.seq}  {what}{where}"))
     if o.detail:
-        line.append(f"\n{'':<13}{o.detail}", style="dim")
+        line.append(f"\n{'':<13}{visible(o.detail)}", style="dim")
     out.print(line, soft_wrap=True)
 
 
@@ -294,7 +297,7 @@ def _preview(entries: list[Entry], shown: int = 20) -> None:
     now = utcnow()
     table = Table("seq", "age", "stage", "reason", "url", title="to delete", title_justify="left")
     for e in entries[:shown]:
-        table.add_row(str(e.seq), age(e.age(now)), e.stage, e.reason, e.url or "")
+        table.add_row(str(e.seq), age(e.age(now)), safe(e.stage), safe(e.reason), safe(e.url or ""))
     if len(entries) > shown:
         table.caption = f"… and {len(entries) - shown:,} more"
     err.print(table)

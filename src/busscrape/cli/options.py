@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from busscrape.cli.app import err
+from busscrape.cli.app import err, safe
 from busscrape.errors import EXIT_CONFIG
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
 
 
 def usage(message: str) -> NoReturn:
-    err.print(f"[red]error:[/] {message}")
+    err.print(f"[red]error:[/] {safe(message)}")
     raise typer.Exit(EXIT_CONFIG)
 
 
@@ -83,7 +83,7 @@ def parse_steps(value: str) -> tuple[Step, ...]:
     from pydantic import TypeAdapter, ValidationError
 
     from busscrape.model.messages import describe_validation_error
-    from busscrape.model.steps import Step
+    from busscrape.model.steps import Steps
 
     text = value
     if value.startswith("@"):
@@ -92,6 +92,6 @@ def parse_steps(value: str) -> tuple[Step, ...]:
         except OSError as exc:
             usage(f"--steps {value}: {exc.strerror or exc}")
     try:
-        return TypeAdapter(tuple[Step, ...]).validate_json(text)
+        return TypeAdapter(Steps).validate_json(text)
     except ValidationError as exc:
         usage(f"--steps: {describe_validation_error(exc)}")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.app import app, err, out, plain, run, safe, settings
 from busscrape.errors import EXIT_CONFIG, EXIT_OK
 
 if TYPE_CHECKING:
@@ -62,13 +62,13 @@ def search_cmd(
                                    max_limit=1000)
         backend, hits = run(_search(s, wanted))
     except (InvalidQuery, SearchUnavailable) as exc:
-        err.print(f"[red]error:[/] {exc.message}")
+        err.print(f"[red]error:[/] {safe(exc.message)}")
         raise typer.Exit(EXIT_CONFIG) from None
     if as_json:
         doc = {"query": wanted.text, "backend": backend, "results": [h.model_dump(mode="json") for h in hits]}
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")
     elif not hits:
-        err.print(f"no archived page matches {wanted.text!r}")
+        err.print(f"no archived page matches {safe(repr(wanted.text))}")
     else:
         for rank, hit in enumerate(hits, 1):
             out.print(render(rank, hit))
@@ -96,9 +96,10 @@ def render(rank: int, hit: SearchHit) -> Group:
     from rich.console import Group
     from rich.text import Text
 
-    title = Text.assemble((f"{rank}. ", "dim"), (hit.title or "(no title)", "bold"), (f"  {hit.score:.3g}", "dim"))
-    where = Text.assemble(("   ", ""), (hit.url, "cyan"))
-    when = Text(f"   {hit.scraped_at:%Y-%m-%d %H:%M} UTC · {hit.archive_key}", style="dim")
+    title = Text.assemble((f"{rank}. ", "dim"), (plain(hit.title or "(no title)").plain, "bold"),
+                          (f"  {hit.score:.3g}", "dim"))
+    where = Text.assemble(("   ", ""), (plain(hit.url).plain, "cyan"))
+    when = Text(f"   {hit.scraped_at:%Y-%m-%d %H:%M} UTC · {plain(hit.archive_key).plain}", style="dim")
     return Group(title, where, when, highlighted(hit.snippet), Text(""))
 
 

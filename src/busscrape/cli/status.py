@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from busscrape.cli.app import app, out, run, settings
+from busscrape.cli.app import app, out, run, safe, settings
 from busscrape.errors import EXIT_OK
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def render(doc: dict[str, Any]) -> Group:
                     title_justify="left")
     for stage, count in dl["by_stage"].items():
         reasons = ", ".join(f"{r} ×{n:,}" for r, n in dl["by_reason"].get(stage, {}).items())
-        letters.add_row(stage, f"{count:,}", reasons, style=None if count else "dim")
+        letters.add_row(safe(stage), f"{count:,}", safe(reasons), style=None if count else "dim")
 
     lag = doc["lag"]
     where = f"/jsz at {lag['monitor_url']}" if lag["source"] == "jsz" else "the JetStream API"

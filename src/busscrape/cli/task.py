@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.app import app, err, out, plain, run, safe, settings
 from busscrape.errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL, InputError
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def task_cmd(
     task_id = resolve(task, s, spec)
     history = run(_read(s, task_id))
     if history is None:
-        err.print(f"[yellow]no task {task_id}[/] ({task}): never queued, or forgotten since")
+        err.print(f"[yellow]no task {task_id}[/] ({safe(task)}): never queued, or forgotten since")
         raise typer.Exit(EXIT_PARTIAL)
     if as_json:
         sys.stdout.write(orjson.dumps(history.model_dump(mode="json")).decode() + "\n")
@@ -79,8 +79,8 @@ def resolve(task: str, s: Settings, spec: str | None) -> str:
     try:
         return task_id_for_url(task, s, extra)
     except InputError as exc:
-        err.print(f"[red]error:[/] {task!r} is not a task id, and dispatch would reject it as a URL: "
-                  f"{exc.reason}: {exc.message}")
+        err.print(f"[red]error:[/] {safe(repr(task))} is not a task id, and dispatch would reject it as a URL: "
+                  f"{safe(exc.reason)}: {safe(exc.message)}")
         raise typer.Exit(EXIT_CONFIG) from None
 
 
@@ -100,14 +100,14 @@ def render(history: TaskHistory) -> Group:
     from rich.table import Table
     from rich.text import Text
 
-    head = Text.assemble(("task ", "bold"), (history.task_id, "bold"), "  ", history.url or "", "  ",
+    head = Text.assemble(("task ", "bold"), (history.task_id, "bold"), "  ", plain(history.url or ""), "  ",
                          (history.state, STATE_STYLE.get(history.state, "")))
     table = Table("gen", "at (UTC)", "state", "attempt", "worker", "detail", show_lines=False)
     for number, generation in enumerate(history.generations, 1):
         for event in generation.events:
             table.add_row(str(number), event.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
                           Text(event.state, style=STATE_STYLE.get(event.state, "")),
-                          str(event.attempt or ""), event.worker or "", detail(event))
+                          str(event.attempt or ""), plain(event.worker or ""), plain(detail(event)))
         if number < len(history.generations):
             table.add_section()
     return Group(head, table)

@@ -107,6 +107,9 @@ class Entry:
             return "not a readable dead letter: nothing to queue (`busscrape dlq show` has what it holds)"
         if self.letter.task is not None:
             return None
+        if "task" in self.letter.truncated:
+            return ("the task was too large to keep in its letter (it was cut to fit in one message); "
+                    f"dispatch {self.letter.url} again with its options (busscrape dispatch --force)")
         if self.letter.result is not None:
             return ("an ingester letter: it carries the result, not the task; fix the cause, then dispatch "
                     "the URL again (busscrape dispatch --force)")

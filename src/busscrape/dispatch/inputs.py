@@ -37,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from busscrape.errors import ConfigurationError
 from busscrape.model.messages import TaskOptions, describe_validation_error
-from busscrape.model.steps import Step
+from busscrape.model.steps import Step, Steps
+from busscrape.printable import visible
 
 InputFormat = Literal["auto", "urls", "jsonl"]
 Source = str | os.PathLike[str] | Iterable[str]
@@ -87,10 +88,11 @@ class Rejection(NamedTuple):
 
 
 def preview(text: str | bytes) -> str:
-    """The start of a line for a report: at most ``TEXT_PREVIEW`` characters, bytes escaped."""
+    """The start of a line for a report: at most ``TEXT_PREVIEW`` characters, bytes and control
+    characters escaped (a rejected line may be anything, escape sequences included)."""
     if isinstance(text, bytes):
         text = text[: TEXT_PREVIEW * 4].decode("utf-8", errors="backslashreplace")
-    return text[:TEXT_PREVIEW] + ("…" if len(text) > TEXT_PREVIEW else "")
+    return visible(text[:TEXT_PREVIEW]) + ("…" if len(text) > TEXT_PREVIEW else "")
 
 
 def detect_format(source: Source, requested: InputFormat = "auto") -> Literal["urls", "jsonl"]:
@@ -108,7 +110,7 @@ class _SpecLine(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     url: str = Field(min_length=1)
-    steps: tuple[Step, ...] | None = None
+    steps: Steps | None = None
     labels: dict[str, str] | None = None
 
 

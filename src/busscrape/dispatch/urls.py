@@ -12,6 +12,7 @@ host, IDNA, default ports dropped, dot segments resolved, percent-encoding norma
 - ``xn--`` labels must decode under IDNA 2008/UTS 46 (yarl falls back to IDNA 2003 and lets
   invalid punycode through);
 - the fragment is dropped (it never reaches the server);
+- user-info (``user:password@``) is refused: see ``addresses.has_credentials``;
 - optionally, tracking parameters are removed and the query is sorted. Both work on the raw
   ``name=value`` pairs, so the encoding of what remains is never changed.
 
@@ -30,7 +31,7 @@ import idna
 from yarl import URL
 
 from busscrape.errors import InputError
-from busscrape.net.addresses import InvalidHost, parse_ip_host
+from busscrape.net.addresses import CREDENTIALS_INSTEAD, InvalidHost, has_credentials, parse_ip_host
 from busscrape.settings import DispatchSettings
 
 REASONS = (
@@ -41,6 +42,7 @@ REASONS = (
     "invalid_host",  # characters no host name can hold, bad IP literal, label over 63 …
     "invalid_idna",  # a non-ASCII host or an xn-- label that IDNA 2008/UTS 46 refuses
     "too_long",  # longer than max_url_length once normalised
+    "credentials_in_url",  # http://user:password@host/: stored and shown everywhere the URL is
 )
 """The stable codes of a rejected URL (the JSONL reader adds its own)."""
 
@@ -152,13 +154,13 @@ class UrlNormaliser:
         if port == 0:
             raise _rejected("invalid_url", "port 0")
         port_part = "" if port is None or port == DEFAULT_PORTS[url.scheme] else f":{port}"
-        user, password = url.raw_user, url.raw_password
-        userinfo = "" if user is None and password is None else (
-            (user or "") + ("" if password is None else ":" + password) + "@")
+        if url.raw_user is not None or url.raw_password is not None or has_credentials(text):
+            raise _rejected("credentials_in_url", f"a user name or password in the URL would be stored and shown "
+                                                  f"wherever the URL is; {CREDENTIALS_INSTEAD}")
         query = url.raw_query_string
         if query and (self._tracking is not None or self.rules.sort_query):
             query = self._query(query)
-        result = f"{url.scheme}://{userinfo}{host}{port_part}{url.raw_path or '/'}{'?' if query else ''}{query}"
+        result = f"{url.scheme}://{host}{port_part}{url.raw_path or '/'}{'?' if query else ''}{query}"
         if len(result) > self.rules.max_length:
             raise _rejected("too_long", f"{len(result)} characters once normalised; the limit is "
                                         f"{self.rules.max_length}")

@@ -43,7 +43,7 @@ from busscrape.ingest.archiver import Archiver
 from busscrape.ingest.leases import FolderLeases
 from busscrape.ingest.letters import Archivist
 from busscrape.ingest.trim import ResultsTrimmer
-from busscrape.model.messages import DeadLetter, ScrapeResult, decode
+from busscrape.model.messages import DeadLetter, ScrapeResult, decode, utcnow
 from busscrape.search.feed import SearchFeed
 from busscrape.settings import Settings
 from busscrape.status.records import StatusBoard, TaskStatus
@@ -75,6 +75,8 @@ class Ingester(PullService):
                                  compress=s.archive.compress, gzip_level=s.archive.gzip_level)
         self.board = StatusBoard(bus.js)
         self.trimmer = ResultsTrimmer(bus.js, keep=s.streams.results_keep_acked)
+        self.results_max_age = s.streams.results_max_age
+        self.max_msg_size = s.streams.max_msg_size
         self.search = SearchFeed(s, storage, self.counters)  # best effort, off the hot path (search_feed)
         self.archivist = Archivist(bus, storage, prefix=s.archive.prefix,
                                    backoff=(cfg.retry_base_delay, cfg.retry_max_delay),
@@ -107,7 +109,8 @@ class Ingester(PullService):
             result = decode(ScrapeResult, msg.data)
         except MessageDecodeError as exc:
             msg_id = names.poison_letter_id(RESULTS_STREAM, msg.metadata.sequence.stream)
-            await self._give_up(msg, filing.poison("ingester", msg, exc), msg_id, "malformed", trace_id=trace_id)
+            if await self._give_up(msg, filing.poison("ingester", msg, exc), msg_id, "malformed", trace_id=trace_id):
+                await quietly(msg.ack_sync())
             return
         with structlog.contextvars.bound_contextvars(task_id=result.task_id, url=result.url, attempt=result.attempt,
                                                      trace_id=trace_id), \
@@ -119,16 +122,15 @@ class Ingester(PullService):
         try:
             done = await self.archiver.archive(result)
         except PermanentError as exc:
-            letter = DeadLetter(task_id=result.task_id, stage="ingester", reason=exc.reason, error=str(exc),
-                                url=result.url, host=filing.host_of(result.url), result=result,
-                                source=filing.source_of(msg))
-            await self._give_up(msg, letter, names.result_letter_id(result.task_id, result.task_seq, result.attempt),
-                                "dead_lettered")
-            await self.board.record(TaskStatus(task_id=result.task_id, state="dead", url=result.url,
-                                               dispatched_at=result.dispatched_at, attempt=result.attempt,
-                                               reason=exc.reason, error=str(exc)[:500]))
+            await self._dead(msg, result, exc.reason, str(exc))
             return
         except (RetryableError, *TRANSIENT) as exc:
+            if self._expiring(msg):
+                # RESULTS would drop it unrecorded at its max_age: a letter keeps it (90 days), with
+                # its claim checks, and says why; the archive can take it from there once it is back.
+                await self._dead(msg, result, "archive_unavailable",
+                                 f"not archived before RESULTS' max_age ran out; last error: {exc}")
+                return
             await self.retry_later(msg, exc, "result.not_archived")
             return
         # Recorded before the ack, and the result kept until it is: `busscrape run` waits for this
@@ -161,15 +163,40 @@ class Ingester(PullService):
                  reused=done.reused)
         self.search.archived(result, done.plan)
 
-    async def _give_up(self, msg: Msg, letter: DeadLetter, msg_id: str, counter: str, **fields: Any) -> None:
-        """File ``letter``, then ack; if NATS does not take the letter, keep the message for later."""
+    async def _give_up(self, msg: Msg, letter: DeadLetter, msg_id: str, counter: str, **fields: Any) -> bool:
+        """File ``letter``; if NATS does not take it, keep the message for later (False)."""
         try:
-            await filing.file(self.bus.js, letter, msg_id=msg_id, telemetry=self.telemetry)
+            await filing.file(self.bus.js, letter, msg_id=msg_id, telemetry=self.telemetry, limit=self.max_msg_size)
         except TRANSIENT as exc:
             await self.retry_later(msg, exc, "result.deadletter_failed", **fields)
-            return
+            return False
         self.count(counter)
+        return True
+
+    async def _dead(self, msg: Msg, result: ScrapeResult, reason: str, error: str) -> None:
+        """The result's letter, then its ``dead`` record, then the ack: each kept for later when
+        NATS does not take it, so STATUS never says dead without a letter, nor stays ``rendered``."""
+        letter = DeadLetter(task_id=result.task_id, stage="ingester", reason=reason, error=error[:4000],
+                            url=result.url, host=filing.host_of(result.url), result=result,
+                            source=filing.source_of(msg))
+        if not await self._give_up(msg, letter, names.result_letter_id(result.task_id, result.task_seq,
+                                                                       result.attempt), "dead_lettered"):
+            return
+        if not await self.board.record(TaskStatus(task_id=result.task_id, state="dead", url=result.url,
+                                                  dispatched_at=result.dispatched_at, attempt=result.attempt,
+                                                  reason=reason, error=error[:500])):
+            await self.retry_later(msg, StorageUnavailable("STATUS did not take the dead record"),
+                                   "result.status_unrecorded")
+            return
         await quietly(msg.ack_sync())
+
+    def _expiring(self, msg: Msg) -> bool:
+        """Whether RESULTS is about to drop this message by its age (its last tenth of max_age)."""
+        stored = msg.metadata.timestamp
+        if stored is None:
+            return False
+        age = (utcnow() - stored).total_seconds()
+        return age >= 0.9 * self.results_max_age
 
     async def _release(self, result: ScrapeResult) -> bool:
         """Delete the result's artifacts from ARTIFACTS; whether every one is gone."""

@@ -14,20 +14,29 @@ the fields.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from busscrape.errors import MessageDecodeError
-from busscrape.model.steps import Step, WaitUntil
+from busscrape.model.steps import Step, Steps, WaitUntil
 from busscrape.units import Duration
 
 SCHEMA_VERSION = 1
 
 ArtifactKind = Literal["html", "screenshot", "har", "text"]
 DEFAULT_ARTIFACTS: tuple[ArtifactKind, ...] = ("html", "screenshot", "har", "text")
+
+
+# RFC 9110 field names; and what a field value must not hold (tab is allowed).
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+BROWSER_HEADERS = frozenset({"host", "content-length", "connection", "transfer-encoding", "keep-alive", "upgrade",
+                             "te", "trailer", "proxy-connection", "proxy-authorization", "cookie2"})
+"""Headers a task may not set: Chromium fails the navigation (ERR_INVALID_ARGUMENT) when one is."""
 
 
 class _Model(BaseModel):
@@ -71,11 +80,33 @@ class TaskOptions(_Model):
     navigation_timeout: Duration | None = Field(None, gt=0, le=600)
     """Overrides the worker's navigation timeout."""
     viewport: Viewport = Viewport()
-    user_agent: str | None = Field(None, max_length=512)
+    user_agent: str | None = Field(None, min_length=1, max_length=512)
     headers: dict[str, str] = {}
-    """Extra HTTP request headers."""
+    """Extra HTTP request headers, sent with every request of the page (third-party ones too)."""
     block_resources: tuple[Literal["image", "media", "font", "stylesheet"], ...] = ()
     """Resource types not to download (faster renders; screenshots lose them)."""
+
+    # What Chromium refuses is refused here, where the task is built: otherwise every attempt of
+    # the task would fail the same way in the worker.
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"header name {name!r} is not an HTTP token")
+            if name.lower() in BROWSER_HEADERS:
+                raise ValueError(f"header {name!r} is the browser's own to set; Chromium refuses a request "
+                                 "that sets it")
+            if _CONTROL.search(value):
+                raise ValueError(f"header {name!r}: its value holds a control character")
+        return headers
+
+    @field_validator("user_agent")
+    @classmethod
+    def _sendable_user_agent(cls, value: str | None) -> str | None:
+        if value is not None and _CONTROL.search(value):
+            raise ValueError("user_agent holds a control character")
+        return value
 
 
 class ScrapeTask(Message):
@@ -87,7 +118,7 @@ class ScrapeTask(Message):
     """The normalised URL the worker navigates to."""
     original_url: str
     """The URL as written in the input."""
-    steps: tuple[Step, ...] = ()
+    steps: Steps = ()
     options: TaskOptions = TaskOptions()
     labels: dict[str, str] = {}
     """Free-form tags carried through to the result and the archive (``job``, ``customer``…)."""
@@ -201,6 +232,9 @@ class DeadLetter(Message):
     """The start of an undecodable payload (for poison messages)."""
     source: MessageSource | None = None
     dead_at: datetime = Field(default_factory=utcnow)
+    truncated: tuple[str, ...] = ()
+    """What was cut so that the letter fits in one message (``texts``, ``result``, ``task``,
+    ``attempts``: see ``model.bounds``); ``source`` and the task id still name the task."""
 
 
 # -- codec --------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from busscrape.net.addresses import CREDENTIALS_INSTEAD, has_credentials
 from busscrape.units import Duration
 
 LoadState = Literal["load", "domcontentloaded", "networkidle"]
@@ -35,6 +36,14 @@ class Goto(_Step):
     url: str = Field(min_length=1, max_length=8192)
     wait_until: WaitUntil = "load"
     timeout: Duration | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, url: str) -> str:
+        if has_credentials(url):
+            raise ValueError(f"a goto URL with a user name or password would be stored with the task; "
+                             f"{CREDENTIALS_INSTEAD}")
+        return url
 
 
 class WaitFor(_Step):
@@ -121,3 +130,17 @@ Step = Annotated[
     Field(discriminator="action"),
 ]
 """One step; ``action`` picks the kind."""
+
+
+def _unique_screenshot_names(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    # Each screenshot step is archived as shot-<name>: two of one name would be one file.
+    names = [step.name for step in steps if isinstance(step, Screenshot)]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"screenshot step names must be unique (archived as shot-<name>): {', '.join(twice)} "
+                         "appears more than once")
+    return steps
+
+
+Steps = Annotated[tuple[Step, ...], AfterValidator(_unique_screenshot_names)]
+"""A task's step list: wherever one is read (task, JSONL line, ``--steps``)."""

@@ -9,12 +9,31 @@ normalise) and the network policy (to refuse) both use ``parse_ip_host`` below.
 from __future__ import annotations
 
 import ipaddress
+import re
 from ipaddress import IPv4Address, IPv6Address
 
 IPAddress = IPv4Address | IPv6Address
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _DIGITS = {8: frozenset("01234567"), 10: frozenset("0123456789"), 16: frozenset("0123456789abcdefABCDEF")}
+
+
+_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
+
+CREDENTIALS_INSTEAD = ("send them as a request header instead: options.headers "
+                       '{"Authorization": "Basic <base64 of user:password>"}')
+"""How a task carries credentials, for every refusal of a URL that holds them."""
+
+
+def has_credentials(url: str) -> bool:
+    """Whether ``url`` holds user-info (``http://user:pw@host/``, even an empty ``http://@host/``).
+
+    Such a URL is refused everywhere a task is built or navigates: it would be stored (task id,
+    SEEN, STATUS, ``meta.json``, the search index) and shown (logs, the API) with the password
+    in it, and Chromium files the credentials in the context's auth cache.
+    """
+    match = _AUTHORITY.match(url.strip())
+    return match is not None and "@" in match.group(1)
 
 
 class InvalidHost(ValueError):
@@ -108,6 +127,10 @@ def classify(ip: IPAddress) -> str | None:
         return "loopback"
     if ip.is_link_local:
         return "link_local"
+    if isinstance(ip, IPv6Address) and ip.is_site_local:
+        # fec0::/10: deprecated (RFC 3879) but still routed inside some networks, and Python
+        # counts it as global.
+        return "site_local"
     if ip.is_multicast:
         return "multicast"
     if ip.is_reserved:

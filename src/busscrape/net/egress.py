@@ -9,6 +9,11 @@ and connect. After the handshake it only copies bytes (TLS stays end to end).
 
 Refusals are remembered per ``host:port`` for a while so the worker can tell a task *why* its
 navigation failed (Chromium itself only says ``ERR_SOCKS_CONNECTION_FAILED``).
+
+Every connection is bounded: the SOCKS handshake must finish within ``handshake_timeout``; a
+connection that carries no byte either way for ``idle_timeout`` is closed; and once one side has
+closed its half, the other has ``linger`` seconds to finish (a peer that never closes cannot keep
+a task and two descriptors forever).
 """
 
 from __future__ import annotations
@@ -48,11 +53,15 @@ class Refusal:
 class EgressProxy:
     """A SOCKS5 server on loopback that enforces a ``NetworkPolicy``. Async context manager."""
 
-    def __init__(self, policy: NetworkPolicy, host: str = "127.0.0.1", connect_timeout: float = 15.0) -> None:
+    def __init__(self, policy: NetworkPolicy, host: str = "127.0.0.1", connect_timeout: float = 15.0, *,
+                 handshake_timeout: float = 15.0, idle_timeout: float = 300.0, linger: float = 30.0) -> None:
         self.policy = policy
         self.host = host
         self.port = 0
         self.connect_timeout = connect_timeout
+        self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
+        self.linger = linger
         self.refusals: OrderedDict[tuple[str, int], Refusal] = OrderedDict()
         self.connections = 0
         self._server: asyncio.base_events.Server | None = None
@@ -95,7 +104,7 @@ class EgressProxy:
         self._tasks.add(task)
         try:
             await self._serve(reader, writer)
-        except (OSError, asyncio.IncompleteReadError, ValueError):
+        except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError):
             pass
         finally:
             self._tasks.discard(task)
@@ -103,11 +112,26 @@ class EgressProxy:
                 writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async with asyncio.timeout(self.handshake_timeout):
+            upstream = await self._handshake(reader, writer)
+        if upstream is None:
+            return
+        up_reader, up_writer = upstream
+        self.connections += 1
+        try:
+            await self._reply(writer, _OK)
+            await self._relay(reader, writer, up_reader, up_writer)
+        finally:
+            up_writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """SOCKS5 greeting and CONNECT; the checked upstream connection, or None (refused, answered)."""
         version, count = await reader.readexactly(2)
         methods = await reader.readexactly(count)
         if version != _VERSION or _NO_AUTH not in methods:
             writer.write(bytes([_VERSION, 0xFF]))
-            return
+            return None
         writer.write(bytes([_VERSION, _NO_AUTH]))
         _, command, _, atyp = await reader.readexactly(4)
         if atyp == _ATYP_IPV4:
@@ -118,21 +142,39 @@ class EgressProxy:
             (length,) = await reader.readexactly(1)
             host = (await reader.readexactly(length)).decode("idna")
         else:
-            return await self._reply(writer, _FAILURE)
+            await self._reply(writer, _FAILURE)
+            return None
         (port,) = struct.unpack("!H", await reader.readexactly(2))
         if command != _CONNECT:
-            return await self._reply(writer, _CMD_UNSUPPORTED)
-
+            await self._reply(writer, _CMD_UNSUPPORTED)
+            return None
         upstream = await self._connect(host, port)
         if isinstance(upstream, int):
-            return await self._reply(writer, upstream)
-        up_reader, up_writer = upstream
-        self.connections += 1
+            await self._reply(writer, upstream)
+            return None
+        return upstream
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
+        """Copy both ways until both ends close, one end has closed for ``linger``, or nothing
+        moved either way for ``idle_timeout``."""
+        moved = [time.monotonic()]
+        pipes = {asyncio.create_task(_pipe(reader, up_writer, moved)),
+                 asyncio.create_task(_pipe(up_reader, writer, moved))}
         try:
-            await self._reply(writer, _OK)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            pending = pipes
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=min(self.idle_timeout, self.linger),
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if done and pending:  # one half closed: the other gets `linger` to finish
+                    _, pending = await asyncio.wait(pending, timeout=self.linger)
+                    break
+                if time.monotonic() - moved[0] >= self.idle_timeout:
+                    break
         finally:
-            up_writer.close()
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
 
     async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | int:
         """Resolve, check, connect to a checked address; or the SOCKS error code."""
@@ -168,9 +210,10 @@ class EgressProxy:
         await writer.drain()
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, moved: list[float]) -> None:
     try:
         while data := await src.read(_PIPE_CHUNK):
+            moved[0] = time.monotonic()
             dst.write(data)
             await dst.drain()
     except (OSError, asyncio.CancelledError):

@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from busscrape.errors import ConfigurationError, PageNetworkError, PolicyBlocked
-from busscrape.net.addresses import InvalidHost, IPAddress, classify, effective, parse_ip_host
+from busscrape.net.addresses import (
+    CREDENTIALS_INSTEAD,
+    InvalidHost,
+    IPAddress,
+    classify,
+    effective,
+    has_credentials,
+    parse_ip_host,
+)
 
 ALLOWED_SCHEMES = frozenset({"http", "https"})
 
@@ -135,6 +143,9 @@ class NetworkPolicy:
         if parts.scheme not in ALLOWED_SCHEMES:
             raise PolicyBlocked(f"scheme {parts.scheme!r} is not allowed (only http and https): {url}",
                                 reason="blocked_scheme")
+        if has_credentials(url):
+            raise PolicyBlocked(f"a URL with a user name or password is not navigated to; {CREDENTIALS_INSTEAD}",
+                                reason="credentials_in_url")
         host = parts.hostname
         if not host:
             raise PolicyBlocked(f"{url!r} has no host", reason="blocked_invalid_url")

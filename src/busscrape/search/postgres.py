@@ -79,7 +79,9 @@ HEADLINE = (f'StartSel="{MARK_START}", StopSel="{MARK_END}", MaxWords={SNIPPET_W
 
 def masked(dsn: str) -> str:
     """The DSN with its password replaced, for messages and logs."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", re.sub(r"(password=)\S+", r"\1***", dsn))
+    # The user may be empty (``postgresql://:pw@host``) and the password may hold ``@`` or ``/``:
+    # everything up to the last ``@`` before the host is the secret.
+    return re.sub(r"(://[^:/@\s]*:)\S*@", r"\1***@", re.sub(r"(password=)\S+", r"\1***", dsn))
 
 
 class PostgresIndex(SearchIndex):

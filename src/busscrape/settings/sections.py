@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from busscrape.units import Duration, Size
 
@@ -197,6 +197,17 @@ class BrowserSettings(_Section):
     """More Chromium command-line switches."""
     no_sandbox: bool | None = None
     """Pass ``--no-sandbox`` (default: only when running as root, where Chromium needs it)."""
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_feature_lists(cls, args: list[str]) -> list[str]:
+        # Chromium keeps only the last --disable-features / --enable-features: one here would
+        # replace Playwright's own lists (HttpsUpgrades off, CDPScreenshotNewSurface on, ...).
+        for arg in args:
+            if arg.split("=", 1)[0] in ("--disable-features", "--enable-features"):
+                raise ValueError(f"{arg!r}: Chromium keeps only the last {arg.split('=', 1)[0]}, so this one would "
+                                 "replace the list Playwright passes; busscrape cannot merge them")
+        return args
 
 
 class WorkerSettings(_Section):

@@ -14,8 +14,12 @@ from typing import Any
 
 import structlog
 
+from busscrape.printable import visible
+
 SENSITIVE_KEYS = re.compile(r"(pass(word)?|secret|token|key|credential|authorization|cookie|seed)", re.I)
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<auth>[^/@\s:]+(:[^/@\s]*)?@)", re.I)
+# The user-info of a URL: a user (maybe empty), then maybe ``:password`` (which may hold ``/``),
+# up to the last ``@`` before white space. Over-matching a path with an ``@`` only masks more.
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<auth>[^/@\s:]*(:\S*)?@)", re.I)
 _INLINE_SECRETS = re.compile(
     r"(?P<k>(password|passwd|pwd|secret|token|access_key|secret_key|api_key|auth_token)[\"']?\s*[=:]\s*[\"']?)"
     r"(?P<v>[^\s\"'&,;}]+)",
@@ -54,6 +58,13 @@ def redact(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
     return {k: _redact_value(k, v) for k, v in event.items()}
 
 
+def printable(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """structlog processor for the console format: escape sequences in the two fields the
+    console renderer prints as they are, the event and a traceback (which quotes messages a
+    page wrote), are shown, not obeyed. The others it prints with ``repr``; JSON escapes all."""
+    return {k: visible(v) if k in ("event", "exception") and isinstance(v, str) else v for k, v in event.items()}
+
+
 def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> None:
     """Set up structlog (and route stdlib logging through it). Call once, from the CLI."""
     stream = stream or sys.stderr
@@ -68,11 +79,15 @@ def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> Non
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info if fmt == "json" else structlog.processors.StackInfoRenderer(),
+        # Tracebacks become text before `redact`, in both formats: a secret in an exception's
+        # message or a local must not reach a terminal either.
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
         redact,
     ]
+    last = [renderer] if fmt == "json" else [printable, renderer]
     structlog.configure(
-        processors=[*shared, renderer],
+        processors=[*shared, *last],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
@@ -80,7 +95,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> Non
     # Libraries (nats, aiohttp, asyncio) log through stdlib logging: send it the same way.
     handler = logging.StreamHandler(stream)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=[
-        structlog.stdlib.ProcessorFormatter.remove_processors_meta, redact, renderer,
+        structlog.stdlib.ProcessorFormatter.remove_processors_meta, redact, *last,
     ], foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]))
     root = logging.getLogger()
     root.handlers[:] = [handler]

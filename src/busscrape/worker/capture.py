@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from busscrape.artifacts.files import CONTENT_TYPES, HAR_FILE, HTML_FILE, TEXT_FILE, screenshot_file
 from busscrape.errors import LimitExceeded, NavigationTimeout
+from busscrape.model import bounds
 from busscrape.model.messages import ScrapeTask
 from busscrape.settings import WorkerSettings
 from busscrape.worker.browser.tabs import Tab
@@ -20,7 +21,6 @@ from busscrape.worker.har import HarRecorder
 
 SCREENSHOT_TIMEOUT = 30.0  # seconds; a screenshot that takes longer is a page that will not settle
 MAX_TITLE = 1000
-MAX_BLOCKED = 100
 
 # One round trip for what is read from the DOM after the steps (the HTML itself comes from
 # page.content(), which moves large documents faster than an evaluate() return value).
@@ -106,9 +106,13 @@ class Capturer:
             har_capture, dropped = await self._har(visit.har, dom["title"], timings)
             captures.append(har_capture)
         blocked = [url for url, why in visit.failed if "SOCKS" in why or "blockedbyclient" in why]
-        return Rendered(final_url=page.url, status=visit.status, redirect_chain=visit.chain,
-                        response_headers=visit.headers, title=dom["title"][:MAX_TITLE], timings=timings,
-                        captures=captures, blocked_requests=blocked[:MAX_BLOCKED], har_bodies_dropped=dropped)
+        # What the page controls is bounded here, each cut marked: the result always fits in RESULTS.
+        return Rendered(final_url=bounds.cut(page.url, bounds.MAX_URL), status=visit.status,
+                        redirect_chain=bounds.urls(visit.chain, most=bounds.MAX_REDIRECTS),
+                        response_headers=bounds.headers(visit.headers), title=bounds.cut(dom["title"], MAX_TITLE),
+                        timings=timings, captures=captures,
+                        blocked_requests=list(bounds.urls(blocked, most=bounds.MAX_BLOCKED)),
+                        har_bodies_dropped=dropped)
 
     def _texts(self, task: ScrapeTask, dom: dict) -> list[Capture]:
         """The rendered HTML (refused over ``max_page_bytes``) and the visible text (cut there)."""

@@ -79,7 +79,8 @@ class Worker(PullService):
         self.board = StatusBoard(bus.js)
         self.room = ResultsRoom(bus.js)
         self.results = ResultPublisher(bus, self.artifacts, self.room, self.counters,
-                                       timeout=settings.nats.request_timeout)
+                                       timeout=settings.nats.request_timeout,
+                                       max_msg_size=settings.streams.max_msg_size)
         self.failures = Failures(bus, settings, self.attempts, self.results, self.count, telemetry)
         self.pool: BrowserPool | None = None
         self.renderer: Renderer | None = None
@@ -93,9 +94,9 @@ class Worker(PullService):
         self.pool = await self._stack.enter_async_context(
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
                         recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses,
-                        tab_wipe_delay=w.tab_wipe_delay))
+                        tab_wipe_delay=w.tab_wipe_delay, idle_tabs=w.concurrency))
         await self._stack.enter_async_context(self.results)
-        self.renderer = Renderer(self.pool, self.policy, egress, w, self.gate)
+        self.renderer = Renderer(self.pool, self.policy, egress, w)
         await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
             pool, room = self.pool, self.room
@@ -227,16 +228,18 @@ class Worker(PullService):
                               reason="evaluate_disabled")
 
     async def _render(self, task: ScrapeTask) -> Rendered:
-        """The page rendered and captured, within ``task_timeout`` and the host's politeness."""
+        """The page rendered and captured within ``task_timeout``, which starts once the host's
+        politeness lets the task go: waiting for a busy host is not rendering."""
         assert self.renderer is not None
         host = urlsplit(task.url).hostname or ""
-        try:
-            async with asyncio.timeout(self.settings.worker.task_timeout):
-                async with self.gate.enter(host):
+        async with self.gate.enter(host):
+            await self.gate.pace(host)
+            try:
+                async with asyncio.timeout(self.settings.worker.task_timeout):
                     return await self.renderer.render(task)
-        except TimeoutError:
-            raise NavigationTimeout(f"task took longer than task_timeout {self.settings.worker.task_timeout:.0f}s",
-                                    reason="task_timeout") from None
+            except TimeoutError:
+                raise NavigationTimeout(f"task took longer than task_timeout "
+                                        f"{self.settings.worker.task_timeout:.0f}s", reason="task_timeout") from None
 
     async def _result(self, task: ScrapeTask, seq: int, attempt: int, rendered: Rendered,
                       scraped_at: datetime) -> ScrapeResult:

@@ -85,7 +85,7 @@ class Failures:
                             source=filing.source_of(msg))
         try:
             await filing.file(self.bus.js, letter, msg_id=names.task_letter_id(task.task_id, seq),
-                              telemetry=self.telemetry)
+                              telemetry=self.telemetry, limit=self.settings.streams.max_msg_size)
         except TRANSIENT as err:
             # Not filed, so not removed: try again later.
             log.warning("deadletter.unavailable", error=repr(err))
@@ -109,7 +109,7 @@ class Failures:
         seq = msg.metadata.sequence.stream
         try:
             await filing.file(self.bus.js, letter, msg_id=names.poison_letter_id(names.TASKS_STREAM, seq),
-                              telemetry=self.telemetry)
+                              telemetry=self.telemetry, limit=self.settings.streams.max_msg_size)
         except TRANSIENT:
             await msg.nak(delay=self.retry_delay(1))
             return

@@ -39,12 +39,20 @@ def _phase(timing: dict[str, float], start: str, end: str) -> float:
     return round(b - a, 3) if a >= 0 and b >= 0 and b >= a else -1
 
 
+NOT_EMBEDDED = "body not embedded: over max_body_bytes, or over what the page's HAR may hold (max_har_bytes)"
+
+
 class HarRecorder:
     """Collects one page's requests; ``build()`` returns the HAR as bytes."""
 
-    def __init__(self, page: Page, *, embed_bodies: bool, max_body_bytes: int = 20 * 1024 * 1024) -> None:
+    def __init__(self, page: Page, *, embed_bodies: bool, max_body_bytes: int = 20 * 1024 * 1024,
+                 max_total_bytes: int = 100 * 1024 * 1024) -> None:
         self.embed_bodies = embed_bodies
         self.max_body_bytes = max_body_bytes
+        self.max_total_bytes = max_total_bytes
+        """Embedded bodies held at once, over the whole page (a page of many large responses
+        would otherwise hold them all in memory until the HAR is built, then drop them)."""
+        self.embedded_bytes = 0
         self._entries: dict[Request, dict[str, Any]] = {}
         self._order: list[Request] = []
         self._bodies: list[asyncio.Future[None]] = []
@@ -125,19 +133,31 @@ class HarRecorder:
             self._bodies.append(asyncio.ensure_future(self._embed(entry, response)))
 
     async def _embed(self, entry: dict[str, Any], response: Response) -> None:
+        content = entry["response"]["content"]
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and not self._room(int(length)):
+            content["comment"] = NOT_EMBEDDED  # not even fetched from the browser
+            return
         try:
             body = await response.body()
         except Exception:
             return
-        content = entry["response"]["content"]
         content["size"] = entry["response"]["bodySize"] = len(body)
-        if len(body) > self.max_body_bytes:
-            return
         if content["mimeType"].startswith(_TEXTUAL):
-            content["text"] = body.decode("utf-8", "replace")
+            text, encoding = body.decode("utf-8", "replace"), None
         else:
-            content["text"] = base64.b64encode(body).decode()
-            content["encoding"] = "base64"
+            text, encoding = base64.b64encode(body).decode(), "base64"
+        del body
+        if not self._room(len(text)):
+            content["comment"] = NOT_EMBEDDED
+            return
+        self.embedded_bytes += len(text)
+        content["text"] = text
+        if encoding:
+            content["encoding"] = encoding
+
+    def _room(self, size: int) -> bool:
+        return size <= self.max_body_bytes and self.embedded_bytes + size <= self.max_total_bytes
 
     def _on_failed(self, request: Request) -> None:
         entry = self._entries.get(request)

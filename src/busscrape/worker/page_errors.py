@@ -22,6 +22,8 @@ NAVIGATION_ERRORS: list[tuple[str, type[BusscrapeError], str]] = [
     ("ERR_INVALID_REDIRECT", PermanentError, "invalid_redirect"),
     ("ERR_UNSAFE_REDIRECT", PolicyBlocked, "blocked_redirect"),
     ("ERR_UNKNOWN_URL_SCHEME", PolicyBlocked, "blocked_scheme"),
+    # Full Chromium in new headless mode (not the headless shell) turns a 401 document into this.
+    ("ERR_INVALID_AUTH_CREDENTIALS", PermanentError, "http_401"),
     ("ERR_NAME_NOT_RESOLVED", PageNetworkError, "dns_error"),
     ("ERR_SOCKS_CONNECTION_HOST_UNREACHABLE", PageNetworkError, "dns_error"),
     ("crash", BrowserCrashed, "page_crashed"),

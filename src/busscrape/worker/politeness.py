@@ -70,6 +70,13 @@ class HostGate:
         async with host.lock:
             now = time.monotonic()
             wait = host.next_start - now
-            host.next_start = max(host.next_start, now) + self.delay
+            reserved = host.next_start = max(host.next_start, now) + self.delay
         if wait > 0:
-            await asyncio.sleep(wait)
+            try:
+                await asyncio.sleep(wait)
+            except asyncio.CancelledError:
+                # A waiter that gives up (its task stopped) gives its start back, unless a later
+                # one has reserved after it: then the gap stays as the later one expects it.
+                if host.next_start == reserved:
+                    host.next_start -= self.delay
+                raise

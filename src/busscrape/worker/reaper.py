@@ -79,7 +79,8 @@ class Reaper(PullService):
         letter, msg_id = await self._letter(raw, seq, deliveries)
         if letter is None:
             return await self._finished(advisory, raw, seq, deliveries)
-        await filing.file(js, letter, msg_id=msg_id, telemetry=self.telemetry)
+        await filing.file(js, letter, msg_id=msg_id, telemetry=self.telemetry,
+                          limit=self.bus.settings.streams.max_msg_size)
         if letter.task is not None:  # what the deliveries that died stored, nothing will archive
             await leftovers.sweep(js, self.artifacts, letter.task, seq, range(1, max(deliveries, 1) + 1))
         # `busscrape run` waits for the `dead` record: until it is stored, the task stays in TASKS

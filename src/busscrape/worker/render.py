@@ -3,7 +3,7 @@
 One render, in order::
 
     policy check of the URL ─► a tab from the pool ─► watch the page (failed requests, an
-    oversize document, the HAR) ─► politeness pace ─► navigate ─► the status policy's verdict
+    oversize document, the HAR) ─► navigate ─► the status policy's verdict
     ─► the task's steps ─► capture (``capture``: DOM, HTML, screenshot, HAR)
 
 Every way a page can fail becomes an error class that says what happens to the task
@@ -37,7 +37,6 @@ from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.capture import Capture, Capturer, Rendered, Visit
 from busscrape.worker.har import HarRecorder
 from busscrape.worker.page_errors import first_line, navigation_error, page_error, retry_after_seconds
-from busscrape.worker.politeness import HostGate
 from busscrape.worker.status_policy import StatusPolicy
 from busscrape.worker.step_runner import run_steps
 
@@ -67,9 +66,8 @@ class _Watch:
 
 class Renderer:
     def __init__(self, pool: BrowserPool, policy: NetworkPolicy, egress: EgressProxy | None,
-                 settings: WorkerSettings, gate: HostGate | None = None) -> None:
+                 settings: WorkerSettings) -> None:
         self.pool = pool
-        self.gate = gate
         self.policy = policy
         self.egress = egress
         self.settings = settings
@@ -130,7 +128,8 @@ class Renderer:
         watch.on("requestfailed", on_failed)
         watch.on("response", check_size)
         if "har" in opts.artifacts:
-            watch.har = HarRecorder(page, embed_bodies=opts.har_content == "embed")
+            watch.har = HarRecorder(page, embed_bodies=opts.har_content == "embed",
+                                    max_total_bytes=self.settings.max_har_bytes)
             watch.listeners.extend(watch.har.listeners())
         return watch
 
@@ -138,8 +137,6 @@ class Renderer:
         started = time.perf_counter()
         timeout = task.options.navigation_timeout or self.settings.navigation_timeout
         tab.page.set_default_timeout(timeout * 1000)
-        if self.gate is not None:
-            await self.gate.pace(urlsplit(task.url).hostname or "")
         response = await self._navigate(tab.page, task, watch, timeout)
         navigated = time.perf_counter()
         status, headers, chain = self._answer(tab.page, response)

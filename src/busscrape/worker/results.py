@@ -37,7 +37,8 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.publisher import Publisher, PublishFailed
 from busscrape.bus.retry import TRANSIENT
-from busscrape.errors import StorageUnavailable
+from busscrape.deadletters.filing import ENVELOPE
+from busscrape.errors import LimitExceeded, StorageUnavailable
 from busscrape.model.messages import ArtifactRef, ScrapeResult, ScrapeTask, encode
 from busscrape.telemetry import tracing
 from busscrape.worker.backpressure import ResultsRoom
@@ -52,11 +53,12 @@ class ResultPublisher:
     """One per worker: ``async with ResultPublisher(...) as results: await results.publish(task, result)``."""
 
     def __init__(self, bus: Bus, artifacts: ArtifactStore, room: ResultsRoom, counters: Counter[str], *,
-                 timeout: float) -> None:
+                 timeout: float, max_msg_size: int = 1024 * 1024) -> None:
         self.bus = bus
         self.artifacts = artifacts
         self.room = room
         self.counters = counters
+        self.max_msg_size = max_msg_size
         self._publisher = Publisher(bus.nc, window=_WINDOW, timeout=timeout, retries=_RESENDS)
 
     async def __aenter__(self) -> ResultPublisher:
@@ -71,6 +73,11 @@ class ResultPublisher:
         False when another delivery's already did. Raises ``StorageUnavailable`` (retry)."""
         headers = tracing.inject({names.MSG_ID: names.result_msg_id(task.task_id, result.task_seq)})
         payload = encode(result)
+        limit = min(self.max_msg_size, self.bus.nc.max_payload or self.max_msg_size) - ENVELOPE
+        if len(payload) > limit:  # its labels, say: what the page controls is bounded already
+            await self.drop(result.artifacts)
+            raise LimitExceeded(f"the result is {len(payload)} bytes, over RESULTS' {limit} (streams.max_msg_size)",
+                                reason="result_too_large")
         while True:
             with tracing.span("publish result", SpanKind.PRODUCER, **{
                     "messaging.system": "nats", "messaging.destination.name": names.RESULTS_STREAM}):

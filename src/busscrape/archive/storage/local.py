@@ -8,6 +8,7 @@ either holds the complete object or does not exist, whenever the process dies.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import time
 import uuid
@@ -17,7 +18,7 @@ from typing import BinaryIO
 
 from busscrape.archive.layout import STAGING
 from busscrape.archive.storage.base import Storage
-from busscrape.errors import ConfigurationError, StorageUnavailable
+from busscrape.errors import ConfigurationError, StorageRefused, StorageUnavailable
 
 PARTIAL_DIR = ".partial"  # dot-named: Spark, Hive and DuckDB globs skip it
 STALE_PARTIAL = 3600.0  # seconds after which a temporary file is a crashed writer's leftover
@@ -89,7 +90,7 @@ class FileStorage(Storage):
                     pending, size = [], 0
             await asyncio.to_thread(self._commit, handle, pending, temp, final, durable)
         except OSError as exc:
-            raise StorageUnavailable(f"cannot write {final}: {exc}") from None
+            raise _failure(f"cannot write {final}", exc) from None
         finally:
             if handle is not None and not handle.closed:
                 handle.close()
@@ -112,13 +113,13 @@ class FileStorage(Storage):
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StorageUnavailable(f"cannot read {self.path(key)}: {exc}") from None
+            raise _failure(f"cannot read {self.path(key)}", exc) from None
 
     async def delete(self, key: str) -> None:
         try:
             await asyncio.to_thread(self.path(key).unlink, missing_ok=True)
         except OSError as exc:
-            raise StorageUnavailable(f"cannot delete {self.path(key)}: {exc}") from None
+            raise _failure(f"cannot delete {self.path(key)}", exc) from None
 
     async def move(self, source: str, key: str) -> None:
         src, final = self.path(source), self.path(key)
@@ -131,7 +132,7 @@ class FileStorage(Storage):
         try:
             await asyncio.to_thread(rename)
         except OSError as exc:
-            raise StorageUnavailable(f"cannot move {src} to {final}: {exc}") from None
+            raise _failure(f"cannot move {src} to {final}", exc) from None
 
     async def keys(self, prefix: str = "") -> list[str]:
         def walk() -> list[str]:
@@ -143,6 +144,16 @@ class FileStorage(Storage):
             return sorted(k for k in found if k.startswith(prefix))
 
         return await asyncio.to_thread(walk)
+
+
+# What the file system says of a name or an object, not of its own state: retrying cannot help.
+_REFUSALS = {errno.ENAMETOOLONG, errno.EFBIG, errno.EINVAL}
+
+
+def _failure(what: str, exc: OSError) -> StorageUnavailable | StorageRefused:
+    if exc.errno in _REFUSALS:
+        return StorageRefused(f"{what}: {exc.strerror}", reason="storage_refused")
+    return StorageUnavailable(f"{what}: {exc}")
 
 
 def _make_dirs(folder: Path) -> None:

@@ -27,7 +27,13 @@ from miniopy_async.commonconfig import CopySource
 from miniopy_async.error import MinioException, S3Error
 
 from busscrape.archive.storage.base import Storage
-from busscrape.errors import AuthenticationFailed, BusscrapeError, ConfigurationError, StorageUnavailable
+from busscrape.errors import (
+    AuthenticationFailed,
+    BusscrapeError,
+    ConfigurationError,
+    StorageRefused,
+    StorageUnavailable,
+)
 from busscrape.net import tls
 from busscrape.settings import S3Settings
 
@@ -36,6 +42,10 @@ _FAILURES = (MinioException, aiohttp.ClientError, OSError, TimeoutError, ValueEr
 _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
                "AuthorizationHeaderMalformed"}
 _EXISTS_CODES = {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}
+# What S3 says of the object itself: the same request will be refused again (dead-letter). Other
+# refusals (AccessDenied, NoSuchBucket …) are the operator's to fix while the results wait.
+_REFUSAL_CODES = {"KeyTooLongError", "InvalidObjectName", "InvalidArgument", "EntityTooLarge",
+                  "MetadataTooLarge", "InvalidDigest", "InvalidRequest"}
 # A stalled endpoint must turn into a retry, not hang a slot: bound connects and silences.
 _TIMEOUT = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=120)
 
@@ -153,6 +163,10 @@ class S3Storage(Storage):
                 )
         except BusscrapeError:
             raise  # the source failed (artifact gone, checksum): not a storage problem
+        except S3Error as exc:
+            if exc.code in _REFUSAL_CODES:
+                raise StorageRefused(f"{self.url} refused {key}: {_describe(exc)}") from None
+            raise StorageUnavailable(f"cannot store {key} in {self.url}: {_describe(exc)}") from None
         except _FAILURES as exc:
             raise StorageUnavailable(f"cannot store {key} in {self.url}: {_describe(exc)}") from None
 

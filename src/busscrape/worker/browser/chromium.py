@@ -4,6 +4,13 @@ Playwright's own build is preferred where ``playwright install chromium`` could 
 machines where it cannot (no route to its download host), a system Chromium is used through
 ``executable_path``. Nothing is hard-coded: the configured path wins, then Playwright's, then
 the usual system names on PATH.
+
+Headless, the system choice is the *headless shell* (Debian's ``chromium-headless-shell``), as
+Playwright itself picks its ``chromium-headless-shell`` build for headless runs. Full Chromium in
+its "new" headless mode waits for a login prompt nobody can answer whenever a subresource asks for
+HTTP authentication: the request, and so the page's ``load``, hang until the navigation times out
+(and a 401 main document becomes ``net::ERR_INVALID_AUTH_CREDENTIALS`` instead of a status). The
+shell has no prompt: the 401 reaches the page, and the task's status policy, as it is.
 """
 
 from __future__ import annotations
@@ -17,9 +24,16 @@ from busscrape.errors import BinaryNotFound
 from busscrape.settings import BrowserSettings
 
 SYSTEM_NAMES = ("chromium", "chromium-browser", "google-chrome-stable", "google-chrome", "chrome")
+HEADLESS_SHELL_NAMES = ("chromium-headless-shell", "chrome-headless-shell")
+# Debian's /usr/bin/chromium-headless-shell is a shell script that runs this binary without
+# ``exec``: a shell would sit between Playwright and the browser. The binary itself comes first.
+HEADLESS_SHELL_BINARIES = ("/usr/lib/chromium/chromium-headless-shell",)
 
 # Quiet, deterministic Chromium: no background traffic to Google, no first-run UI, no
 # /dev/shm exhaustion in containers, no QUIC (all traffic goes through the policy proxy).
+# No --disable-features here: Playwright passes its own list (HttpsUpgrades, PaintHolding,
+# ThirdPartyStoragePartitioning and more) and Chromium keeps only the last such switch, so ours
+# would silently replace it (settings refuse one in extra_args for the same reason).
 BASE_ARGS = (
     "--disable-background-networking",
     "--disable-component-update",
@@ -27,11 +41,17 @@ BASE_ARGS = (
     "--no-first-run",
     "--disable-dev-shm-usage",
     "--disable-quic",
-    "--disable-features=Translate,MediaRouter,OptimizationHints,InterestFeedContentSuggestions",
     "--disable-breakpad",
     "--metrics-recording-only",
     "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
 )
+
+# Behind the egress proxy the browser must never resolve a name itself: SOCKS5 hands names to
+# the proxy, yet Chromium still looks some up on its own (a netlog shows lookups for an <img>'s
+# host, and for Google's update and account hosts), which would leak what a page asks for to the
+# machine's resolver. Every name maps to "not found"; the proxy's own address is an IP literal,
+# excluded so that the rule can never touch it. One argv element: no shell quoting to get wrong.
+PROXIED_ARGS = ("--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",)
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,9 @@ class ChromiumBinary:
     """Path to pass as ``executable_path``; None means Playwright's own build."""
     source: str
     """``configured``, ``playwright`` or ``system``."""
+    headless_shell: bool = False
+    """A headless shell (no login prompts, no window), or Playwright's build, which picks its own
+    headless shell when headless."""
 
 
 def playwright_chromium() -> str | None:
@@ -59,14 +82,19 @@ def find_chromium(settings: BrowserSettings | None = None) -> ChromiumBinary | N
     configured = settings.executable_path if settings else None
     if configured:
         if Path(configured).is_file() and os.access(configured, os.X_OK):
-            return ChromiumBinary(str(configured), "configured")
+            return ChromiumBinary(str(configured), "configured", headless_shell="headless" in Path(configured).name)
         return None
     if playwright_chromium():
-        return ChromiumBinary(None, "playwright")
-    for name in SYSTEM_NAMES:
+        return ChromiumBinary(None, "playwright", headless_shell=True)
+    headless = settings.headless if settings else True
+    if headless:
+        for path in HEADLESS_SHELL_BINARIES:
+            if Path(path).is_file() and os.access(path, os.X_OK):
+                return ChromiumBinary(path, "system", headless_shell=True)
+    for name in (HEADLESS_SHELL_NAMES if headless else ()) + SYSTEM_NAMES:
         path = shutil.which(name)
         if path:
-            return ChromiumBinary(path, "system")
+            return ChromiumBinary(path, "system", headless_shell=name in HEADLESS_SHELL_NAMES)
     return None
 
 
@@ -80,6 +108,19 @@ def require_chromium(settings: BrowserSettings) -> ChromiumBinary:
             "(`apt-get install chromium`), or set BUSSCRAPE_BROWSER__EXECUTABLE_PATH"
         )
     return found
+
+
+# What Chromium may see of the worker's environment: where things are and how to print text.
+# Everything else stays out (the worker's NATS, S3 and API credentials among them): a renderer
+# exploit that reads its environment finds nothing worth having.
+ENVIRONMENT = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "DISPLAY",
+               "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "FONTCONFIG_PATH",
+               "FONTCONFIG_FILE")
+
+
+def launch_env() -> dict[str, str]:
+    """The environment Chromium starts with: ``ENVIRONMENT``'s variables, as this process has them."""
+    return {name: os.environ[name] for name in ENVIRONMENT if name in os.environ}
 
 
 def launch_args(settings: BrowserSettings, extra: tuple[str, ...] = ()) -> list[str]:

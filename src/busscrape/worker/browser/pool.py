@@ -28,7 +28,7 @@ from playwright.async_api import Error as PlaywrightError
 
 from busscrape.errors import BrowserCrashed
 from busscrape.settings import BrowserSettings
-from busscrape.worker.browser.chromium import launch_args, require_chromium
+from busscrape.worker.browser.chromium import PROXIED_ARGS, launch_args, launch_env, require_chromium
 from busscrape.worker.browser.tabs import Tab
 
 log = structlog.get_logger("busscrape.browser")
@@ -43,7 +43,7 @@ class BrowserPool:
 
     def __init__(self, settings: BrowserSettings, *, proxy_url: str | None, recycle_after_tasks: int,
                  recycle_rss: int, isolation: str = "tab", tab_max_uses: int = 100,
-                 tab_wipe_delay: float = 0.0) -> None:
+                 tab_wipe_delay: float = 0.0, idle_tabs: int = 8) -> None:
         self.settings = settings
         self.proxy_url = proxy_url
         self.recycle_after_tasks = recycle_after_tasks
@@ -64,9 +64,12 @@ class BrowserPool:
         self.tab_max_uses = tab_max_uses
         self._tabs: dict[str | None, list[Tab]] = {}
         self.tab_wipe_delay = tab_wipe_delay
+        self.idle_tabs = idle_tabs
+        """Wiped tabs kept ready, over all user agents (each distinct ``user_agent`` needs its own)."""
         self._wiping: set[asyncio.Task[None]] = set()
         self._wanted = asyncio.Event()  # set while a task waits for a tab: deferred wipes start now
         self._waiting = 0
+        self._shelved = 0
 
     async def __aenter__(self) -> BrowserPool:
         if self._entered:
@@ -87,15 +90,21 @@ class BrowserPool:
     def up(self) -> bool:
         return self._browser is not None and self._browser.is_connected()
 
+    @property
+    def contexts(self) -> int:
+        """Browser contexts open now: tabs in use, being wiped and ready."""
+        return len(self._browser.contexts) if self._browser is not None else 0
+
     # -- launching --------------------------------------------------------------------------
 
     async def _launch(self) -> None:
         assert self._pw is not None
-        args = launch_args(self.settings, (self._marker, f"--js-flags=--max-old-space-size={JS_HEAP_MB}"))
+        extra = (self._marker, f"--js-flags=--max-old-space-size={JS_HEAP_MB}")
+        args = launch_args(self.settings, extra + (PROXIED_ARGS if self.proxy_url else ()))
         proxy: Any = {"server": self.proxy_url, "bypass": "<-loopback>"} if self.proxy_url else None
         self._browser = await self._pw.chromium.launch(
             executable_path=self.binary.path, headless=self.settings.headless, args=args, proxy=proxy,
-            handle_sigint=False, handle_sigterm=False, handle_sighup=False,
+            env=launch_env(), handle_sigint=False, handle_sigterm=False, handle_sighup=False,
         )
         self.version = self._browser.version
         self._tasks_since_launch = 0
@@ -104,6 +113,10 @@ class BrowserPool:
             "browser.disconnected", restarts=self.restarts))
         log.info("browser.launched", version=self.version, source=self.binary.source, restarts=self.restarts,
                  pool=self._marker.split("=", 1)[1])
+        if self.settings.headless and not self.binary.headless_shell and not self.restarts:
+            log.warning("browser.not_a_headless_shell", path=self.binary.path,
+                        hint="a page whose subresource asks for HTTP authentication hangs until the "
+                             "navigation times out; install chromium-headless-shell (see worker/browser/chromium.py)")
 
     async def _close_browser(self) -> None:
         for wipe in list(self._wiping):
@@ -212,10 +225,27 @@ class BrowserPool:
             await self._retire(tab)
             return
         if self._reusable(tab):
-            self._tabs.setdefault(tab.user_agent, []).append(tab)
+            surplus = self._shelve(tab)
             await self._done(tab)
+            for old in surplus:
+                await old.close()
         else:
             await self._retire(tab)
+
+    def _shelve(self, tab: Tab) -> list[Tab]:
+        """Keep a wiped tab ready; return the idle tabs that no longer fit in ``idle_tabs``, the
+        longest idle first (tasks with many distinct user agents would otherwise keep a tab
+        for each until the next recycle)."""
+        self._shelved += 1
+        tab.shelved = self._shelved
+        self._tabs.setdefault(tab.user_agent, []).append(tab)
+        idle = sorted((t for ts in self._tabs.values() for t in ts), key=lambda t: t.shelved)
+        surplus = idle[:max(len(idle) - self.idle_tabs, 0)]
+        for old in surplus:
+            self._tabs[old.user_agent].remove(old)
+            if not self._tabs[old.user_agent]:
+                del self._tabs[old.user_agent]
+        return surplus
 
     async def _retire(self, tab: Tab) -> None:
         await tab.close()

@@ -15,12 +15,15 @@ removes everything one task could leave for the next:
 - the context's HTTP cache is dropped (``Network.clearBrowserCache``);
 - request routes, extra headers and popups of the task are removed.
 
+One thing no wipe reaches is the context's HTTP auth cache: a task whose page sent credentials
+in a URL (or an XHR given a user and password) leaves its tab to be closed instead.
+
 The wipe runs after the task has left the tab, off its result's path. While the worker has
 other tabs ready it waits ``worker.tab_wipe_delay`` first, the page's scripts paused
 (``pause``), so that Chromium's clean-up does not compete for the CPU with the upload and
 archiving of the result; a task that finds no tab ready starts it at once (``BrowserPool``).
 
-``tests/test_tabs.py`` proves it: state set by one task is invisible to the next. A tab whose
+``tests/worker/test_tabs.py`` proves it: state set by one task is invisible to the next. A tab whose
 page crashed, or that failed to wipe in time, is closed instead of reused, and every tab is
 replaced after ``max_uses`` tasks so that a long-lived renderer cannot accumulate leaks.
 """
@@ -53,6 +56,8 @@ class Tab:
         self.user_agent = user_agent
         self.generation = generation
         self.uses = 0
+        self.shelved = 0
+        """When the pool last put it back ready (a counter): the longest idle goes first."""
         self.broken = False
         self.origins: set[str] = set()
         self._viewport: tuple[int, int] | None = None
@@ -156,7 +161,12 @@ class Tab:
     def _seen(self, request: Request) -> None:
         parts = urlsplit(request.url)
         if parts.scheme in ("http", "https") and parts.netloc:
-            self.origins.add(f"{parts.scheme}://{parts.netloc}")
+            self.origins.add(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}")
+            if parts.username is not None:
+                # Credentials in a request URL (an XHR given a user and password shows up this
+                # way too) go into the context's HTTP auth cache, which no CDP call clears: the
+                # next task on this tab would send them unasked. Such a tab is closed, not wiped.
+                self.broken = True
 
     def _crashed(self, _: Page) -> None:
         self.broken = True
