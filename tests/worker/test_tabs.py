@@ -152,3 +152,41 @@ async def test_tabs_kept_ready_are_bounded_over_all_user_agents(site):
         # The ready ones are the most recent: agent-9's tab is reused, not reopened.
         async with pool.tab(user_agent="agent-9") as tab:
             assert tab is last and await tab.page.evaluate("navigator.userAgent") == "agent-9"
+
+
+# A page that embeds a frame of another site and says when the frame has reported back.
+def framing(frame_url: str) -> str:
+    return (f"<title>top</title><iframe src='{frame_url}'></iframe><script>"
+            "addEventListener('message', () => document.body.insertAdjacentHTML('beforeend', '<p id=done>x</p>'));"
+            "</script>")
+
+
+# Third-party storage is partitioned by the top-level site: the frame's localStorage and IndexedDB
+# live under (top site, frame origin), a key the wipe must reach as well.
+FRAME_SETTER = """<script>(async () => {
+  localStorage.setItem('leak', 'frame-local');
+  await new Promise(r => { const q = indexedDB.open('framedb', 1);
+    q.onupgradeneeded = () => q.result.createObjectStore('o'); q.onsuccess = r; });
+  parent.postMessage('set', '*');
+})();</script>"""
+FRAME_READER = """<script>(async () => {
+  const seen = {local: localStorage.getItem('leak'), idb: (await indexedDB.databases()).map(d => d.name)};
+  await fetch('/report?seen=' + encodeURIComponent(JSON.stringify(seen)));
+  parent.postMessage('read', '*');
+})();</script>"""
+
+
+@pytest.mark.parametrize("isolation", ["tab", "context"])
+async def test_storage_a_cross_site_frame_left_is_invisible_to_the_next_task(wbus, wsettings, site, isolation):  # noqa: F811
+    reports = []
+
+    @site.route("/report")
+    async def report(request):
+        reports.append(json.loads(request.query["seen"]))
+        return web.Response(text="ok")
+
+    site.page("/frame-set", FRAME_SETTER)
+    site.page("/frame-get", FRAME_READER)
+    await render_in_turn(wbus, wsettings, site, isolation, {
+        "/top-set": framing(site.url("/frame-set", host=1)), "/top-get": framing(site.url("/frame-get", host=1))})
+    assert reports == [{"local": None, "idb": []}]
