@@ -100,3 +100,13 @@ async def test_embedded_bodies_stay_within_the_pages_budget(page, site):
     assert len(images) == 10 and len(embedded) == 2  # 2 x 1.33 MB of base64 fit, a third does not
     assert har.embedded_bytes <= 3_500_000
     assert all("not embedded" in c["comment"] for c in images if "text" not in c)
+
+
+async def test_credentials_a_request_carried_are_masked(page, site):
+    await page.context.set_extra_http_headers({"Authorization": "Basic c2VjcmV0OnB3"})
+    har = await record(page, site, embed=False)
+    data, _ = har.build(browser_version="x", page_timings={}, max_bytes=10**7)
+    sent = [h for e in orjson.loads(data)["log"]["entries"] for h in e["request"]["headers"]
+            if h["name"].lower() == "authorization"]
+    assert sent and all(h["value"] == "[masked]" for h in sent)
+    assert b"c2VjcmV0OnB3" not in data

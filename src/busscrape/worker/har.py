@@ -26,8 +26,16 @@ _TEXTUAL = ("text/", "application/json", "application/javascript", "application/
             "application/x-javascript", "application/ld+json")
 
 
+# Request headers that carry credentials: a task's own `Authorization` (how README tells users to
+# log in to the pages they scrape) would otherwise sit in every HAR of the archive. Their values
+# are masked, as Chromium's DevTools does in its default ("sanitized") HAR export; cookies are the
+# site's own session state and stay.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization"})
+MASKED = "[masked]"
+
+
 def _headers(mapping: dict[str, str]) -> list[dict[str, str]]:
-    return [{"name": k, "value": v} for k, v in mapping.items()]
+    return [{"name": k, "value": MASKED if k.lower() in CREDENTIAL_HEADERS else v} for k, v in mapping.items()]
 
 
 def _iso(epoch_ms: float) -> str:
