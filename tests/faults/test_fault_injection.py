@@ -122,10 +122,12 @@ async def run_under_faults(tmp_path: Path, settings: Settings, fleet: Fleet, sit
             assert time.monotonic() - started < 600, "the fleet did not finish within 10 minutes"
             await asyncio.sleep(3)
         # The last releases land within moments; chunks whose meta a fault took are purged by
-        # the workers' stray-chunk sweep on its second sighting (a pass every ~40 s here).
-        for _ in range(50):
+        # the workers' stray-chunk sweep on its second sighting (a pass every ~40 s here, so up to
+        # two or three passes after the last worker kill; longer on a loaded machine).
+        deadline = time.monotonic() + 300
+        while True:
             report = await audit(bus, settings, dispatched)
-            if not report.live_artifacts:
+            if not report.live_artifacts or time.monotonic() > deadline:
                 break
             await asyncio.sleep(2)
         faults = sum(fleet.faults.values())

@@ -35,25 +35,54 @@ log = structlog.get_logger("busscrape.leftovers")
 
 
 
+PATIENCE = 30.0
+"""How long a sweep keeps asking when NATS does not answer. Named objects are found only here,
+by the delivery that settles their task: what this gives up on stays until the bucket's TTL
+(days). A node lost from a cluster costs a few seconds of leader elections, so the sweep
+outwaits that rather than giving up at the first timeout."""
+
+
 async def sweep(js: JetStreamContext, store: ArtifactStore, task: ScrapeTask, seq: int, attempts: Iterable[int],
                 keep: set[str] | None = None) -> int:
     """Discard the objects of ``attempts`` of this task but ``keep`` and those of every result
     RESULTS holds for it (an earlier attempt's result may be there, not yet archived); the number
-    found. Nothing is discarded when RESULTS does not answer. Best effort: what a failing request
-    leaves, the bucket's TTL collects.
+    found. Nothing is discarded unless RESULTS answers. Asks again for up to ``PATIENCE`` seconds
+    when NATS does not answer; after that, best effort: what is left, the bucket's TTL collects.
     """
+    deadline = asyncio.get_running_loop().time() + PATIENCE
+    delay = 0.25
     standing = await standing_results(js, task.task_id, seq)
+    while standing is None and await _wait(delay, deadline):
+        delay *= 2
+        standing = await standing_results(js, task.task_id, seq)
     if standing is None:
+        log.info("leftovers.unanswered", task_id=task.task_id, seq=seq)
         return 0
     spared = (keep or set()) | objects_of(standing)
     doomed = [name for attempt in attempts for file in capture_files(task)
               if (name := object_name(task.task_id, seq, attempt, file)) not in spared]
-    outcomes = await asyncio.gather(*(store.delete(name) for name in doomed), return_exceptions=True)
-    found = sum(1 for outcome in outcomes if outcome is True)
-    failed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
+    found, failed = 0, []
+    while doomed:
+        outcomes = await asyncio.gather(*(store.delete(name) for name in doomed), return_exceptions=True)
+        found += sum(1 for outcome in outcomes if outcome is True)
+        failed = [(name, o) for name, o in zip(doomed, outcomes, strict=True) if isinstance(o, BaseException)]
+        doomed = [name for name, o in failed if isinstance(o, (*TRANSIENT, StorageUnavailable))]
+        if not doomed or not await _wait(delay, deadline):
+            break
+        delay *= 2
     if found or failed:
-        log.info("leftovers.discarded", task_id=task.task_id, seq=seq, objects=found, errors=failed[:3])
+        log.info("leftovers.discarded", task_id=task.task_id, seq=seq, objects=found,
+                 errors=[repr(o) for _, o in failed][:3])
     return found
+
+
+async def _wait(delay: float, deadline: float) -> bool:
+    """Sleep ``delay`` (at most 4 s) unless that passes ``deadline``; whether to try again."""
+    delay = min(delay, 4.0)
+    if asyncio.get_running_loop().time() + delay > deadline:
+        return False
+    await asyncio.sleep(delay)
+    return True
 
 
 class StrayChunks:
