@@ -37,10 +37,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from busscrape.model.messages import EXTRACTOR_NAME
+
 FieldType = Literal["str", "int", "float", "decimal", "date", "datetime", "url", "bool"]
 SOURCES = ("css", "xpath", "jsonld", "microdata", "opengraph")
 DOM_SOURCES = frozenset({"css", "xpath"})
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+NAME = re.compile(EXTRACTOR_NAME)
 """An extractor's name: its file name without ``.toml``."""
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_DEPTH = 4  # nested item lists; deeper is a mistake, not a page
