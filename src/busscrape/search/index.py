@@ -83,6 +83,7 @@ class IndexedPage:
 
 
 MAX_FILTERS = 8
+FILTER_PATTERN = r"^\s*[A-Za-z_][A-Za-z0-9_]{0,63}\s*(<=|>=|!=|=|<|>)\s*\S"
 _FILTER = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]{0,63})\s*(<=|>=|!=|=|<|>)\s*(.*?)\s*$", re.S)
 Operator = Literal["<", "<=", ">", ">=", "=", "!="]
 
