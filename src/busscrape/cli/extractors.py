@@ -172,24 +172,33 @@ def export_cmd(
     rows = run(_records(s, archive, extractor, moment))
     definition = registry.get(extractor)
     names = export.columns(rows, definition)
-    if fmt == "parquet":
-        assert output is not None
-        export.write_parquet(rows, output, names, definition)
-    else:
-        handle = open(output, "wb") if output is not None else sys.stdout.buffer
-        try:
-            if fmt == "jsonl":
-                export.write_jsonl(rows, handle)
-            else:
-                export.write_csv(rows, handle, names)
-        finally:
-            if output is not None:
-                handle.close()
-            else:
-                handle.flush()
+    try:
+        _write(rows, fmt, output, names, definition)
+    except OSError as exc:
+        usage(f"--output {output}: {exc.strerror or exc}")
     err.print(f"exported {len(rows):,} record(s) of {safe(extractor)}" + (f" to {safe(str(output))}" if output
                                                                            else ""))
     raise typer.Exit(EXIT_OK)
+
+
+def _write(rows: list[dict[str, Any]], fmt: str, output: Path | None, names: list[str], definition: Any) -> None:
+    from busscrape.extract import export
+
+    if fmt == "parquet":
+        assert output is not None
+        export.write_parquet(rows, output, names, definition)
+        return
+    handle = open(output, "wb") if output is not None else sys.stdout.buffer
+    try:
+        if fmt == "jsonl":
+            export.write_jsonl(rows, handle)
+        else:
+            export.write_csv(rows, handle, names)
+    finally:
+        if output is not None:
+            handle.close()
+        else:
+            handle.flush()
 
 
 async def _records(s: Settings, archive: Path | None, extractor: str, since: Any) -> list[dict[str, Any]]:
