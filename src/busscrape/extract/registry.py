@@ -45,6 +45,16 @@ def describe(exc: ValidationError, limit: int = 5) -> str:
     return "; ".join(parts)
 
 
+def bundled_dir() -> Path:
+    """The extractors shipped with busscrape (the demo's): in the wheel, or at the repository root."""
+    from importlib import resources
+
+    packaged = resources.files("busscrape") / "_extractors"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[3] / "extractors"
+
+
 def load_file(path: Path) -> Extractor:
     """One extractor file, validated (raises ``ExtractorInvalid``)."""
     name = path.name.removesuffix(".toml")

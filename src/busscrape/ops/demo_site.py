@@ -15,7 +15,7 @@ import zlib
 
 from aiohttp import web
 
-from busscrape.ops.demo_shop import LANTERN, shop_pages
+from busscrape.ops.demo_shop import LANTERN, PRODUCT_PATHS, SHOP_PATHS, shop_pages
 
 _STYLE = """body{font:16px/1.5 system-ui,sans-serif;margin:2rem auto;max-width:46rem;padding:0 1rem;color:#222}
 h1{color:#234}nav a{margin-right:1rem}.card{border:1px solid #ccd;border-radius:6px;padding:.5rem 1rem;margin:.5rem 0}
@@ -69,6 +69,7 @@ window.addEventListener('DOMContentLoaded', async () => {
 PAGES.update(shop_pages(_page))
 ITEMS = [{"title": f"Item {i}", "text": "rendered in the browser from /api/items.json"} for i in range(1, 6)]
 DEMO_PATHS = ("/", "/static.html", "/spa.html", "/gallery.html", "/slow.html", "/old-article", "/missing.html")
+DEMO_EXTRACTOR = "demo-product"
 
 
 class DemoSite:
@@ -86,6 +87,12 @@ class DemoSite:
 
     def urls(self) -> list[str]:
         return [f"http://{self.origin}{path}" for path in DEMO_PATHS]
+
+    def specs(self) -> list[dict[str, str]]:
+        """The demo's tasks as JSONL specs: every page, the shop's product pages with the demo extractor."""
+        return [{"url": url} for url in self.urls()] + [
+            {"url": f"http://{self.origin}{path}", **({"extractor": DEMO_EXTRACTOR} if path in PRODUCT_PATHS else {})}
+            for path in SHOP_PATHS]
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
