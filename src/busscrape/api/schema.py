@@ -45,6 +45,8 @@ class TaskSpecIn(BaseModel):
     steps: list[Any] | None = None
     """Page steps (click, fill, wait_for, scroll …); left out: none."""
     labels: dict[str, str] | None = None
+    extractor: str | None = Field(None, pattern=EXTRACTOR_NAME)
+    """The extractor this task runs (``extractors/<name>.toml``); left out: the request's, or none."""
 
 
 class TaskRequest(BaseModel):
@@ -57,8 +59,7 @@ class TaskRequest(BaseModel):
     url: str = Field(default=None)  # type: ignore[assignment]  # absent, never null
     urls: list[str] = Field(default=None, min_length=1)  # type: ignore[assignment]
     extractor: str = Field(default=None, pattern=EXTRACTOR_NAME)  # type: ignore[assignment]
-    """With url or urls: the extractor every task runs (``extractors/<name>.toml``); a task of ``tasks``
-    names its own (``{"url": …, "extractor": …}``)."""
+    """The extractor every task runs (``extractors/<name>.toml``), unless a task of ``tasks`` names its own."""
     tasks: list[TaskSpecIn] = Field(default=None, min_length=1)  # type: ignore[assignment]
     labels: dict[str, str] = Field(default=None)  # type: ignore[assignment]
     force: bool = False
@@ -70,8 +71,8 @@ class TaskRequest(BaseModel):
             return [{"url": self.url, **extra}]
         if self.urls is not None:
             return [{"url": u, **extra} for u in self.urls]
-        return [{k: v for k, v in t.model_dump().items() if v is not None or k not in ("steps", "labels")}
-                for t in self.tasks]
+        return [{**extra, **{k: v for k, v in t.model_dump().items()
+                             if v is not None or k not in ("steps", "labels", "extractor")}} for t in self.tasks]
 
     def given(self) -> int:
         """How many of url, urls, tasks the request holds (the document says exactly one)."""

@@ -200,7 +200,8 @@ class Extractor(_Strict):
         return fields
 
     def syntaxes(self) -> set[str]:
-        """The embedded-metadata syntaxes (extruct's) that some field reads: only those are parsed."""
+        """The embedded-metadata syntaxes (extruct's) that some field reads (the engine parses a
+        syntax only when a field asks for it)."""
         found: set[str] = set()
 
         def walk(specs: dict[str, FieldSpec]) -> None:
@@ -214,11 +215,6 @@ class Extractor(_Strict):
 
     def required_fields(self) -> list[str]:
         return [name for name, spec in self.fields.items() if spec.required]
-
-    def numeric_fields(self) -> dict[str, FieldType]:
-        """Top-level fields a search filter can compare as numbers or dates (``--where price<100``)."""
-        return {name: spec.type for name, spec in self.fields.items()
-                if spec.fields is None and not spec.multiple}
 
 
 def _check_field_name(name: str) -> None:
