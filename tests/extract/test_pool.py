@@ -55,6 +55,7 @@ async def test_a_timeout_replaces_the_process_and_the_loop_never_waits(registry)
 
 async def test_a_process_that_dies_is_replaced_and_an_extractor_that_raises_fails_only_its_page(registry):
     async with ExtractionPool(registry, timeout=30) as pool:
+        await demo(pool)  # the processes start on the first extraction
         [pid] = [p.pid for p in pool._executor._processes.values()]  # type: ignore[union-attr]
         slow = asyncio.ensure_future(pool.extract("hostile", BOMB, "http://x/"))
         await asyncio.sleep(0.5)

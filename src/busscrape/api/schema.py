@@ -45,8 +45,9 @@ class TaskSpecIn(BaseModel):
     steps: list[Any] | None = None
     """Page steps (click, fill, wait_for, scroll …); left out: none."""
     labels: dict[str, str] | None = None
-    extractor: str | None = Field(None, pattern=EXTRACTOR_NAME)
-    """The extractor this task runs (``extractors/<name>.toml``); left out: the request's, or none."""
+    extractor: str | None = None
+    """The extractor this task runs (``extractors/<name>.toml``); left out: the request's, or none.
+    Checked with the task's other options, so a bad name rejects this task only."""
 
 
 class TaskRequest(BaseModel):

@@ -3,14 +3,15 @@
 An extractor is the user's declaration, but the page is anyone's: a hostile page can make lxml
 work for seconds, a regular expression backtrack for minutes, a parser allocate gigabytes or
 crash. None of that may block the loop that renders the other pages or kill the worker. So every
-extraction runs in an ``ExtractionPool`` process (spawned, never forked from the loop; address
-space capped by ``extract.max_memory``), loaded once with the registry's extractors::
+extraction runs in an ``ExtractionPool`` process (spawned on the first extraction, never forked
+from the loop; address space capped by ``extract.max_memory``), loaded once with the registry's
+extractors::
 
     the extractor returns ─────────────────► its Outcome (record, missing fields, warnings)
     the extractor raises ──────────────────► ExtractionFailed (permanent: the same page raises again)
-    no answer within extract.timeout ──────► the processes are killed and replaced;
+    no answer within extract.timeout ──────► the processes are killed (new ones start for the next);
                                               ExtractionStalled(extraction_timeout): retried
-    the process died (segfault, OOM kill) ─► replaced; ExtractionStalled(extraction_crashed): retried
+    the process died (segfault, OOM kill) ─► the same; ExtractionStalled(extraction_crashed): retried
 
 Other extractions that were running in the replaced processes are retried the same way.
 """
@@ -81,16 +82,25 @@ class ExtractionPool:
         self._executor: ProcessPoolExecutor | None = None
         self._definitions = {name: e.model_dump(exclude_unset=True) for name, e in registry.items()}
         self._entered = False
+        self._starting = asyncio.Lock()
 
     async def __aenter__(self) -> ExtractionPool:
         if self._entered:
             raise RuntimeError("an ExtractionPool can be entered only once")
         self._entered = True
-        self._executor = self._start()
-        # Started now, not on the first page: spawning and importing the parsers takes a second.
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._executor, os.getpid) for _ in range(self.processes)))
         return self
+
+    async def _ready(self) -> ProcessPoolExecutor:
+        """The processes, started on the first extraction (a worker whose tasks name no extractor
+        never starts them), and waited for outside any extraction's timeout: spawning and importing
+        the parsers takes a second or two."""
+        async with self._starting:
+            if self._executor is None:
+                executor = self._start()
+                loop = asyncio.get_running_loop()
+                await asyncio.gather(*(loop.run_in_executor(executor, os.getpid) for _ in range(self.processes)))
+                self._executor = executor
+            return self._executor
 
     async def __aexit__(self, *exc: object) -> None:
         if self._executor is not None:
@@ -109,18 +119,19 @@ class ExtractionPool:
                 process.kill()
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
-        """New processes for the ones that hung or died (once, however many extractions saw it)."""
+        """Away with processes that hung or died (once, however many extractions saw it); the next
+        extraction starts new ones."""
         if self._executor is broken:
             self._kill(broken)
-            self._executor = self._start()
+            self._executor = None
             self.replaced += 1
 
     async def extract(self, name: str, html: str, url: str) -> Outcome:
         """Run extractor ``name`` on the page in a child process (raises ``ExtractionFailed`` or
         ``ExtractionStalled``)."""
-        executor = self._executor
-        if executor is None:
+        if not self._entered:
             raise RuntimeError("the ExtractionPool is not entered")
+        executor = await self._ready()
         future = asyncio.get_running_loop().run_in_executor(executor, _child_run, name, html, url)
         try:
             async with asyncio.timeout(self.timeout):
