@@ -168,6 +168,8 @@ def export_cmd(
         moment = parse_since(since) if since else None
     except InvalidQuery as exc:
         usage(exc.message)
+    if archive is not None and not archive.is_dir():
+        usage(f"--archive {archive}: no such folder")
     s, registry = _registry(folder)
     rows = run(_records(s, archive, extractor, moment))
     definition = registry.get(extractor)
