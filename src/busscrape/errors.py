@@ -9,6 +9,7 @@
     │   ├── BrowserCrashed            the tab or the whole browser died (relaunched first)
     │   ├── RetryableStatus           429 / 5xx per policy; honours Retry-After
     │   ├── StorageUnavailable        NATS object store or S3 not answering
+    │   ├── ExtractionStalled         the extractor's process timed out or died (it is replaced)
     │   └── ShuttingDown              the worker is stopping; handed back without delay
     ├── PermanentError ............ dead-lettered at once with the reason, never retried
     │   ├── MessageDecodeError        the payload is not a valid message (not JSON, schema, version)
@@ -17,6 +18,7 @@
     │   ├── PermanentStatus           an HTTP status policy says is final (404 …)
     │   ├── LimitExceeded             page, HAR, steps, screenshot or message over a configured limit
     │   ├── ArtifactUnusable          an artifact expired from the object store or fails its sha256
+    │   ├── ExtractionFailed          a required field is missing, or the extractor raised
     │   └── StorageRefused            the archive refused an object for what it is (a name too long)
     ├── ConfigurationError ........ the process exits at start with a fix-it message (exit code 2)
     │   ├── NatsUnavailable           cannot connect to NATS
@@ -89,6 +91,13 @@ class StorageUnavailable(RetryableError):
     reason = "storage_unavailable"
 
 
+class ExtractionStalled(RetryableError):
+    """The extraction process did not answer in time (``extraction_timeout``) or died
+    (``extraction_crashed``); it was replaced, and the task goes to another attempt."""
+
+    reason = "extraction_timeout"
+
+
 class ShuttingDown(RetryableError):
     """Handed back to the queue at once so another worker takes it."""
 
@@ -128,6 +137,13 @@ class LimitExceeded(PermanentError):
 
 class ArtifactUnusable(PermanentError):
     reason = "artifact_unusable"
+
+
+class ExtractionFailed(PermanentError):
+    """The page does not give the extractor's record: a required field is missing (the message names
+    it), or the extractor raised on it. Rendering the same page again gives the same answer."""
+
+    reason = "extraction_failed"
 
 
 class StorageRefused(PermanentError):

@@ -151,3 +151,41 @@ def test_dead_letter_keys():
     unknown = DeadLetter(stage="ingester", reason="not_json", error="x", dead_at=at)
     assert layout.deadletter_key(unknown, stream="DEADLETTER", seq=9) == \
         "deadletter/dt=2025-03-01/poison-DEADLETTER-9.json"
+
+
+def test_an_extraction_plans_extracted_json_from_the_result_and_its_summary_in_meta():
+    from busscrape.model.messages import Extraction
+
+    record = {"name": "Kettle", "price": "12.50", "reviews": [], "colour": None}
+    r = result(extraction=Extraction(extractor="demo-product", version=2, record=record, warnings=("w",), ms=1.5))
+    plan = layout.plan(r)
+    [extracted] = [o for o in plan.objects if o.name == "extracted.json"]
+    assert extracted.key == f"{plan.folder}/extracted.json" and extracted.content_encoding is None
+    assert extracted.inline == layout.plan(r).objects[-1].inline  # a redelivery writes the same bytes
+    doc = orjson.loads(extracted.inline)
+    assert doc == {"extractor": "demo-product", "version": 2, "task_id": TASK, "url": r.url, "final_url": r.url,
+                   "scraped_at": r.scraped_at.isoformat(), "record": record}
+    meta = layout.meta_document(r, stored(plan))
+    assert orjson.loads(meta)["extraction"] == {"extractor": "demo-product", "version": 2, "file": "extracted.json",
+                                                "fields": 4, "empty": ["colour", "reviews"], "warnings": ["w"],
+                                                "ms": 1.5}
+    assert layout.describes(meta, r, plan)
+    changed = r.model_copy(update={"extraction": r.extraction.model_copy(update={"record": {"name": "Other"}})})
+    assert not layout.describes(meta, changed, layout.plan(changed))  # another record is another result
+    assert "extraction" not in orjson.loads(layout.meta_document(result(), stored(layout.plan(result()))))
+
+
+def test_a_record_is_bounded_and_a_missing_required_field_fails_naming_it():
+    from busscrape.errors import ExtractionFailed, LimitExceeded
+    from busscrape.extract.definition import Extractor
+    from busscrape.extract.engine import Outcome
+    from busscrape.extract.records import extraction
+
+    e = Extractor.model_validate({"name": "x", "version": 1, "fields": {"a": {"css": "p"}}})
+    assert extraction(e, Outcome(record={"a": "b"}, ms=2), max_bytes=100).record == {"a": "b"}
+    with pytest.raises(LimitExceeded) as big:
+        extraction(e, Outcome(record={"a": "b" * 200}), max_bytes=100)
+    assert big.value.reason == "record_too_large"
+    with pytest.raises(ExtractionFailed, match="required field missing: price: nothing matched") as failed:
+        extraction(e, Outcome(record={}, missing=["price: nothing matched"]), max_bytes=100)
+    assert failed.value.reason == "extraction_failed"

@@ -85,7 +85,7 @@ async def test_jsonl_specs_take_defaults_and_override_them(tmp_path):
     lines = [
         {"url": "http://example.com/plain"},
         {"url": "http://example.com/own", "steps": [], "labels": {"customer": "c1"}, "artifacts": ["html"],
-         "viewport": {"width": 400}, "wait_until": "networkidle"},
+         "viewport": {"width": 400}, "wait_until": "networkidle", "extractor": "demo-product"},
     ]
     path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n")
     plain, own = await read_all(path)
@@ -96,6 +96,7 @@ async def test_jsonl_specs_take_defaults_and_override_them(tmp_path):
     assert own.options.har_content == "embed"  # from the defaults
     assert (own.options.viewport.width, own.options.viewport.height) == (400, 800)  # merged, not replaced
     assert own.options.wait_until == "networkidle"
+    assert own.options.extractor == "demo-product" and plain.options.extractor is None
 
 
 async def test_every_bad_line_is_a_rejection_with_its_line_number(tmp_path):

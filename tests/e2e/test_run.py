@@ -48,15 +48,24 @@ async def test_demo_archives_every_page_and_dead_letters_the_broken_link(tmp_pat
     assert "demo ok" in output and "http_404" in output
     found = metas(tmp_path / ".busscrape" / "archive")
     titles = {m["title"] for m in found.values()}
-    assert len(found) == 6
-    assert {"busscrape demo", "A static article", "Live feed", "Gallery", "A slow page"} <= titles
+    assert len(found) == 10
+    assert {"busscrape demo", "A static article", "Live feed", "Gallery", "A slow page", "Shop"} <= titles
+    # The shop's products carry their record; the lantern's price exists only after its JavaScript ran.
+    from busscrape.ops.demo_shop import EXPECTED
+
+    extracted = {m["url"].split("/", 3)[3]: json.loads((tmp_path / ".busscrape" / "archive" /
+                                                         m["objects"][0]["key"]).parent.joinpath(
+                                                             "extracted.json").read_text())["record"]
+                 for m in found.values() if "extraction" in m}
+    assert extracted == {path.lstrip("/"): record for path, record in EXPECTED.items()}
     spa = next(m for m in found.values() if m["title"] == "Live feed")
     assert spa["status"] == 200
     redirected = [m for m in found.values() if m["redirect_chain"]]
     assert len(redirected) == 1 and redirected[0]["final_url"].endswith("/static.html")
-    [letter] = (tmp_path / ".busscrape" / "archive").glob("deadletter/dt=*/*.json")
-    dead = json.loads(letter.read_text())
-    assert dead["reason"] == "http_404" and dead["url"].endswith("/missing.html")
+    letters = [json.loads(p.read_text()) for p in (tmp_path / ".busscrape" / "archive").glob("deadletter/dt=*/*.json")]
+    assert sorted((d["reason"], d["url"].rsplit("/", 1)[1]) for d in letters) == [
+        ("extraction_failed", "mystery.html"), ("http_404", "missing.html")]
+    assert "price: nothing matched" in next(d["error"] for d in letters if d["reason"] == "extraction_failed")
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from busscrape import __version__
 from busscrape.dispatch.intake import TaskOutcome
-from busscrape.search.index import MAX_QUERY_CHARS, SearchHit
+from busscrape.model.messages import EXTRACTOR_NAME
+from busscrape.search.index import FILTER_PATTERN, MAX_FILTERS, MAX_QUERY_CHARS, SearchHit
 from busscrape.settings import Settings
 from busscrape.status.history import TaskHistory
 
@@ -44,6 +45,9 @@ class TaskSpecIn(BaseModel):
     steps: list[Any] | None = None
     """Page steps (click, fill, wait_for, scroll …); left out: none."""
     labels: dict[str, str] | None = None
+    extractor: str | None = None
+    """The extractor this task runs (``extractors/<name>.toml``); left out: the request's, or none.
+    Checked with the task's other options, so a bad name rejects this task only."""
 
 
 class TaskRequest(BaseModel):
@@ -51,22 +55,25 @@ class TaskRequest(BaseModel):
     tasks already seen within the recrawl window."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_optional("url", "urls", "tasks",
-                                                                                       "labels"))
+                                                                                       "labels", "extractor"))
 
     url: str = Field(default=None)  # type: ignore[assignment]  # absent, never null
     urls: list[str] = Field(default=None, min_length=1)  # type: ignore[assignment]
+    extractor: str = Field(default=None, pattern=EXTRACTOR_NAME)  # type: ignore[assignment]
+    """The extractor every task runs (``extractors/<name>.toml``), unless a task of ``tasks`` names its own."""
     tasks: list[TaskSpecIn] = Field(default=None, min_length=1)  # type: ignore[assignment]
     labels: dict[str, str] = Field(default=None)  # type: ignore[assignment]
     force: bool = False
 
     def items(self) -> list[dict[str, Any]]:
         """The tasks as JSONL specs (what the dispatcher reads)."""
+        extra = {"extractor": self.extractor} if self.extractor is not None else {}
         if self.url is not None:
-            return [{"url": self.url}]
+            return [{"url": self.url, **extra}]
         if self.urls is not None:
-            return [{"url": u} for u in self.urls]
-        return [{k: v for k, v in t.model_dump().items() if v is not None or k not in ("steps", "labels")}
-                for t in self.tasks]
+            return [{"url": u, **extra} for u in self.urls]
+        return [{**extra, **{k: v for k, v in t.model_dump().items()
+                             if v is not None or k not in ("steps", "labels", "extractor")}} for t in self.tasks]
 
     def given(self) -> int:
         """How many of url, urls, tasks the request holds (the document says exactly one)."""
@@ -176,6 +183,12 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                         {"name": "host", "in": "query", "schema": {"type": "string", "maxLength": MAX_HOST_PARAM}},
                         {"name": "since", "in": "query", "description": "A date, a time (ISO 8601) or an age "
                          "such as 7d", "schema": {"type": "string", "maxLength": MAX_SINCE_PARAM}},
+                        {"name": "where", "in": "query", "description": "A condition on the extracted record's "
+                         "field: FIELD<VALUE with < <= > >= = != (a number compares as a number), e.g. price<100",
+                         "style": "form", "explode": True,
+                         "schema": {"type": "array", "maxItems": MAX_FILTERS,
+                                    "items": {"type": "string", "minLength": 3, "maxLength": 270,
+                                              "pattern": FILTER_PATTERN}}},
                         {"name": "limit", "in": "query",
                          "schema": {"type": "integer", "minimum": 1, "maximum": api.max_search_results,
                                     "default": 10}},

@@ -5,7 +5,8 @@
     POST /tasks             one or many URLs (or task specs), through the dispatcher: 202 + outcome per task
     GET  /tasks/{task_id}   the task's history (STATUS merged with SEEN, ``task_history``)
     GET  /tasks?url=…       the same, for the task a URL becomes
-    GET  /search?q=…        ranked full-text search of the archived pages (``search_index``)
+    GET  /search?q=…        ranked full-text search of the archived pages (``search_index``);
+                            ``&where=price<100`` (repeatable) filters on the extracted record
     GET  /healthz           up, and whether NATS is connected
     GET  /openapi.json      the OpenAPI 3.1 document (``api_schema``)
 
@@ -277,7 +278,8 @@ class ApiServer:
         try:
             query = SearchQuery.parse(q.get("q", ""), host=q.get("host"),
                                       since=parse_since(q["since"]) if "since" in q else None,
-                                      limit=int(limit_text), max_limit=self.settings.api.max_search_results)
+                                      limit=int(limit_text), max_limit=self.settings.api.max_search_results,
+                                      where=q.getall("where", []))
             index = await self._search_index()
             hits = await index.search(query)
         except InvalidQuery as exc:

@@ -8,6 +8,7 @@ redelivered result maps to the same keys and the same bytes::
                                                       page.har.gz      gzip
                                                       page.txt.gz      gzip
                                                       shot-<name>.png  extra named screenshots
+                                                      extracted.json   the task's extractor's record
                                                       meta.json        written last: the folder is complete
     <prefix>/deadletter/dt=2025-01-31/<task_id>.json                   the dead letter as filed
     <prefix>/deadletter/dt=2025-01-31/poison-<stream>-<seq>.json       an undecodable message's letter
@@ -39,6 +40,7 @@ import orjson
 from busscrape.bus.names import poison_letter_id
 from busscrape.deadletters.filing import host_of
 from busscrape.errors import PermanentError
+from busscrape.extract import records
 from busscrape.model.messages import ArtifactRef, DeadLetter, ScrapeResult
 
 META_NAME = "meta.json"
@@ -62,6 +64,9 @@ class PlannedObject:
     """File name in the folder (``page.html.gz``)."""
     content_encoding: str | None
     """``gzip`` when the stored bytes are compressed."""
+    inline: bytes | None = None
+    """The bytes themselves, for an object made from the result (``extracted.json``), not copied
+    from ARTIFACTS."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,15 @@ def plan(result: ScrapeResult, *, prefix: str = "", compress: bool = True) -> Ar
         names.add(name)
         objects.append(PlannedObject(ref=ref, key=join(folder, name), name=name,
                                      content_encoding="gzip" if gzip else None))
+    if result.extraction is not None:
+        data = records.document_bytes(result)
+        ref = ArtifactRef(name=records.EXTRACTED_NAME, kind="extracted", object="(inline)", size=len(data),
+                          sha256=hashlib.sha256(data).hexdigest(), content_type="application/json")
+        if ref.name in names:
+            raise PermanentError(f"result {result.task_id}: two objects would be stored as {ref.name}",
+                                 reason="artifact_name_conflict")
+        objects.append(PlannedObject(ref=ref, key=join(folder, ref.name), name=ref.name, content_encoding=None,
+                                     inline=data))
     return ArchivePlan(folder=folder, objects=tuple(objects), meta_key=join(folder, META_NAME))
 
 
@@ -155,6 +169,8 @@ def meta_document(result: ScrapeResult, objects: list[StoredObject]) -> bytes:
         }),
         "objects": [asdict(o) for o in sorted(objects, key=lambda o: o.name)],
     }
+    if (extraction := records.summary(result)) is not None:
+        doc["extraction"] = extraction
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from busscrape.ops.runner import RunSummary
 
 
-EXPECTED_DEAD = {"/missing.html": "http_404"}
+EXPECTED_DEAD = {"/missing.html": "http_404", "/shop/mystery.html": "extraction_failed"}
 
 
 @app.command("demo")
@@ -29,8 +29,10 @@ def demo_cmd(
     """Serve a small demo site on loopback and run the whole pipeline on it, offline.
 
     Starts an embedded nats-server, a worker and an ingester; scrapes seven pages (static,
-    JavaScript-rendered, slow, images, a redirect, an index and a broken link); ends with the
-    archive tree and one meta.json. The broken link is dead-lettered with its reason, as it should.
+    JavaScript-rendered, slow, images, a redirect, an index and a broken link) and a shop whose
+    product pages run the demo extractor (extractors/demo-product.toml); ends with the archive
+    tree and one meta.json. The broken link is dead-lettered (http_404), and so is the product
+    without a price (extraction_failed), as they should.
     """
     from rich.syntax import Syntax
 
@@ -53,6 +55,7 @@ def demo_cmd(
 
 async def _demo(s, workers: int) -> tuple[RunSummary, str]:  # type: ignore[no-untyped-def]
     from busscrape.cli.run import execute
+    from busscrape.extract.registry import bundled_dir
     from busscrape.ops.demo_site import DemoSite
     from busscrape.ops.runner import RunOptions
 
@@ -60,8 +63,10 @@ async def _demo(s, workers: int) -> tuple[RunSummary, str]:  # type: ignore[no-u
         # Open exactly the demo's origin to the browser: everything else stays refused.
         s = s.model_copy(update={"nats": s.nats.model_copy(update={"url": None}),
                                  "network": s.network.model_copy(update={"allow": [site.origin]})})
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="busscrape-demo-", delete=False) as f:
-            f.write("\n".join(site.urls()) + "\n")
+        # The shop's product pages run the bundled demo extractor (extractors/demo-product.toml).
+        s = s.with_overrides(extract={"dir": bundled_dir()})
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="busscrape-demo-", delete=False) as f:
+            f.write("".join(json.dumps(spec) + "\n" for spec in site.specs()))
         try:
             summary = await execute(s, RunOptions(source=f.name, workers=workers))
         finally:
@@ -95,14 +100,17 @@ def _one_meta(summary: RunSummary, origin: str) -> Path | None:
 
 
 def _verdict(summary: RunSummary) -> int:
+    from busscrape.ops.demo_shop import SHOP_PATHS
     from busscrape.ops.demo_site import DEMO_PATHS
 
     if summary.interrupted:
         return EXIT_INTERRUPTED
-    expected_archived = len(DEMO_PATHS) - len(EXPECTED_DEAD)
-    if summary.archived == expected_archived and dict(summary.dead_reasons) == {"http_404": 1}:
-        out.print(f"[green]demo ok:[/] {expected_archived} pages archived, the broken link dead-lettered (http_404)")
+    expected_archived = len(DEMO_PATHS) + len(SHOP_PATHS) - len(EXPECTED_DEAD)
+    expected_dead = {reason: 1 for reason in EXPECTED_DEAD.values()}
+    if summary.archived == expected_archived and dict(summary.dead_reasons) == expected_dead:
+        out.print(f"[green]demo ok:[/] {expected_archived} pages archived (3 products with their extracted record), "
+                  "the broken link dead-lettered (http_404) and the product without a price (extraction_failed)")
         return EXIT_OK
     err.print(f"[red]demo incomplete:[/] {summary.archived} archived, dead: {dict(summary.dead_reasons)}; "
-              f"expected {expected_archived} archived and one http_404")
+              f"expected {expected_archived} archived, one http_404 and one extraction_failed")
     return EXIT_PARTIAL

@@ -51,6 +51,8 @@ def dispatch_cmd(
     block: str | None = typer.Option(None, "--block", help="Comma list of image,media,font,stylesheet."),
     user_agent: str | None = typer.Option(None, "--user-agent", help="User-Agent of every task."),
     header: list[str] = typer.Option([], "--header", metavar="'NAME: VALUE'", help="Request header. Repeatable."),
+    extractor: str | None = typer.Option(None, "--extractor", metavar="NAME", help="Extractor every task runs "
+                                         "(extractors/NAME.toml)."),
     recrawl_after: str | None = typer.Option(None, "--recrawl-after", help="Skip URLs dispatched within this "
                                              "(default BUSSCRAPE_DISPATCH__RECRAWL_AFTER, 7d)."),
     force: bool = typer.Option(False, "--force", help="Queue every URL even if it was seen within --recrawl-after."),
@@ -78,7 +80,7 @@ def dispatch_cmd(
     defaults = options.task_defaults(
         steps=steps, artifacts=artifacts, label=label, screenshot_format=screenshot_format, jpeg_quality=jpeg_quality,
         full_page=full_page, har_content=har_content, wait_until=wait_until, timeout=timeout, viewport=viewport,
-        block=block, user_agent=user_agent, header=header)
+        block=block, user_agent=user_agent, header=header, extractor=extractor)
     show_progress = err.is_terminal if progress is None else progress
     with _rejects_file(rejects) as rejects_out:
         summary = run(_dispatch(s, defaults, source, fmt, force, rejects_out, show_progress))

@@ -20,7 +20,8 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
                   screenshot_format: str | None = None, jpeg_quality: int | None = None,
                   full_page: bool | None = None, har_content: str | None = None, wait_until: str | None = None,
                   timeout: str | None = None, viewport: str | None = None, block: str | None = None,
-                  user_agent: str | None = None, header: list[str] | None = None) -> TaskDefaults:
+                  user_agent: str | None = None, header: list[str] | None = None,
+                  extractor: str | None = None) -> TaskDefaults:
     """The task defaults the command-line flags describe (exit 2 with the reason when invalid)."""
     from busscrape.dispatch.inputs import TaskDefaults
 
@@ -30,7 +31,7 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
                                                                              full_page),
                               har_content=har_content, wait_until=wait_until, navigation_timeout=timeout,
                               viewport=parse_viewport(viewport), block_resources=csv(block), user_agent=user_agent,
-                              headers=pairs(header or [], ":", "--header") or None),
+                              headers=pairs(header or [], ":", "--header") or None, extractor=extractor),
         labels=pairs(label or [], "=", "--label"),
     )
 

@@ -50,6 +50,8 @@ def run_cmd(
     full_page: bool | None = typer.Option(None, "--full-page/--no-full-page", help="Whole-page screenshot."),
     har_content: str | None = typer.Option(None, "--har-content", help="omit or embed response bodies."),
     timeout: str | None = typer.Option(None, "--timeout", help="Navigation timeout of every task (30s, 1m)."),
+    extractor: str | None = typer.Option(None, "--extractor", metavar="NAME", help="Extractor every task runs "
+                                         "(extractors/NAME.toml)."),
     recrawl_after: str | None = typer.Option(None, "--recrawl-after", help="Skip URLs dispatched within this."),
     force: bool = typer.Option(False, "--force", help="Queue every URL even if seen within --recrawl-after."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if any input line was rejected."),
@@ -63,7 +65,7 @@ def run_cmd(
                  network={"allow": [*base.network.allow, *allow]})
     defaults = options.task_defaults(steps=steps, artifacts=artifacts, label=label,
                                      screenshot_format=screenshot_format, full_page=full_page,
-                                     har_content=har_content, timeout=timeout)
+                                     har_content=har_content, timeout=timeout, extractor=extractor)
     opts = RunOptions(source=source, defaults=defaults, force=force, with_daemons=with_daemons)
     if workers:
         opts.workers = workers

@@ -25,11 +25,14 @@ if TYPE_CHECKING:
 HELP = """Search the visible text, titles and URLs of every archived page; best matches first.
 
 QUERY uses the index's own syntax. SQLite (the default): words (all must match), "a phrase",
-a OR b, a NOT b, prefix*, title:word (columns title, body, url). PostgreSQL: words, "a phrase",
-a or b, -word. Each result shows its title, URL, scrape date, archive folder and a snippet with
-the matches marked. --reindex rebuilds the index from the archive's meta.json files (after
-pages were missed, or to fill a new index). Exit codes: 0 (with or without matches); 2 an
-invalid query, search off, or the index cannot be opened.
+a OR b, a NOT b, prefix*, title:word (columns title, body, url, extracted). PostgreSQL: words,
+"a phrase", a or b, -word. Each result shows its title, URL, scrape date, archive folder and a
+snippet with the matches marked, and the record of a page whose task had an extractor (its text
+is searched too). --where FIELD<VALUE (repeatable; < <= > >= = !=) keeps pages whose extracted
+record's field holds it; a value that reads as a number compares as one (--where price<100).
+--reindex rebuilds the index from the archive's meta.json files (after pages were missed, or to
+fill a new index). Exit codes: 0 (with or without matches); 2 an invalid query, search off, or
+the index cannot be opened.
 """
 
 
@@ -40,6 +43,8 @@ def search_cmd(
     since: str | None = typer.Option(None, "--since", metavar="WHEN", help="Only pages scraped since a date, a "
                                      "time (ISO 8601) or an age (7d, 36h)."),
     limit: int = typer.Option(10, "--limit", min=1, max=1000, help="At most this many results."),
+    where: list[str] = typer.Option([], "--where", metavar="FIELD<VALUE", help="A condition on the extracted "
+                                    "record's field (< <= > >= = !=), e.g. price<100. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (as GET /search does)."),
     reindex_all: bool = typer.Option(False, "--reindex", help="Index every archived page again, from the archive."),
     archive: str | None = typer.Option(None, "--archive", metavar="DIR", help="With --reindex: read this local "
@@ -59,7 +64,7 @@ def search_cmd(
         usage("give a QUERY (or --reindex)")
     try:
         wanted = SearchQuery.parse(query, host=host, since=parse_since(since) if since else None, limit=limit,
-                                   max_limit=1000)
+                                   max_limit=1000, where=where)
         backend, hits = run(_search(s, wanted))
     except (InvalidQuery, SearchUnavailable) as exc:
         err.print(f"[red]error:[/] {safe(exc.message)}")
@@ -100,7 +105,13 @@ def render(rank: int, hit: SearchHit) -> Group:
                           (f"  {hit.score:.3g}", "dim"))
     where = Text.assemble(("   ", ""), (plain(hit.url).plain, "cyan"))
     when = Text(f"   {hit.scraped_at:%Y-%m-%d %H:%M} UTC · {plain(hit.archive_key).plain}", style="dim")
-    return Group(title, where, when, highlighted(hit.snippet), Text(""))
+    lines = [title, where, when, highlighted(hit.snippet)]
+    if hit.record is not None:
+        import orjson
+
+        lines.append(Text(f"   {hit.extractor}: " + plain(orjson.dumps(hit.record).decode()[:300]).plain,
+                          style="green"))
+    return Group(*lines, Text(""))
 
 
 def highlighted(snippet: str) -> Text:

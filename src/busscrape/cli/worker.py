@@ -36,6 +36,9 @@ def worker_cmd(
                  nats={"url": nats_url}, network={"allow": [*base.network.allow, *allow]})
 
     async def go() -> None:
+        from busscrape.extract.registry import Registry
+
+        Registry.load(s.extract.dir)  # an invalid extractor file stops the worker before it connects
         async with await Bus.connect(s, name=f"busscrape-worker-{s.worker.name}") as bus:
             await provision.require(bus.js, topology.load(s), names.WORKER_NEEDS)
             configure_tracing("worker")

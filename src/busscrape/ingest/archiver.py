@@ -143,6 +143,11 @@ class Archiver:
 
     async def _copy_one(self, planned: layout.PlannedObject, key: str) -> layout.StoredObject:
         ref = planned.ref
+        if planned.inline is not None:  # made from the result (extracted.json): nothing to stream
+            await self.storage.put_bytes(key, planned.inline, content_type=ref.content_type, durable=False)
+            return layout.StoredObject(key=planned.key, name=planned.name, size=ref.size, sha256=ref.sha256,
+                                       content_type=ref.content_type, content_encoding=None,
+                                       original_size=ref.size, original_sha256=ref.sha256)
         async with aclosing(self.artifacts.stream(ref)) as source:
             # Not durable on their own: meta.json, written last into the same folder, makes them so.
             if planned.content_encoding is None:

@@ -29,6 +29,8 @@ SCHEMA_VERSION = 1
 
 ArtifactKind = Literal["html", "screenshot", "har", "text"]
 DEFAULT_ARTIFACTS: tuple[ArtifactKind, ...] = ("html", "screenshot", "har", "text")
+EXTRACTOR_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+"""An extractor's name: its file's name in ``extractors/`` without ``.toml``."""
 
 
 # RFC 9110 field names; and what a field value must not hold (tab is allowed).
@@ -85,6 +87,9 @@ class TaskOptions(_Model):
     """Extra HTTP request headers, sent with every request of the page (third-party ones too)."""
     block_resources: tuple[Literal["image", "media", "font", "stylesheet"], ...] = ()
     """Resource types not to download (faster renders; screenshots lose them)."""
+    extractor: str | None = Field(None, pattern=EXTRACTOR_NAME)
+    """The extractor (``extractors/<name>.toml``) the worker runs on the rendered DOM; its record
+    travels in the result and is archived as ``extracted.json``."""
 
     # What Chromium refuses is refused here, where the task is built: otherwise every attempt of
     # the task would fail the same way in the worker.
@@ -155,7 +160,8 @@ class ArtifactRef(_Model):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
     """File name in the archive (``page.html``, ``screenshot.png``, ``shot-<name>.png``)."""
-    kind: Literal["html", "screenshot", "har", "text", "extra_screenshot"]
+    kind: Literal["html", "screenshot", "har", "text", "extra_screenshot", "extracted"]
+    """(``extracted`` names the archive's ``extracted.json``, written from the result itself.)"""
     object: str
     """Object name in the ARTIFACTS bucket."""
     size: int = Field(ge=0)
@@ -163,6 +169,19 @@ class ArtifactRef(_Model):
     content_type: str
     nuid: str | None = None
     """Where the object's chunks are (``$O.ARTIFACTS.C.<nuid>``): lets the reader skip a lookup."""
+
+
+class Extraction(_Model):
+    """What the task's extractor made of the rendered page."""
+
+    extractor: str
+    version: int
+    record: dict[str, Any]
+    """Field name → value (JSON: decimals as strings of digits, dates in ISO 8601)."""
+    warnings: tuple[str, ...] = ()
+    """Values dropped on the way (``rating: 'five' does not read as int``)."""
+    ms: float = 0.0
+    """How long the extraction took, in its process."""
 
 
 class ScrapeResult(Message):
@@ -189,6 +208,8 @@ class ScrapeResult(Message):
     """Sub-requests the network policy refused (the page rendered without them)."""
     dispatched_at: datetime | None = None
     """When the task was dispatched (tells re-dispatches of one task id apart)."""
+    extraction: Extraction | None = None
+    """The task's extractor's record (tasks with an ``extractor`` only)."""
 
 
 # -- dead letter --------------------------------------------------------------------------------

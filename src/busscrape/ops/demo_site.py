@@ -2,7 +2,8 @@
 
 Seven pages that show what the bus does with each kind: a static article, a page rendered by
 JavaScript from a JSON API, a slow page, a gallery of images, a permanent redirect, an index
-that links them, and a broken link (404) that ends dead-lettered with its reason.
+that links them, and a broken link (404) that ends dead-lettered with its reason. Under
+``/shop/`` a product list and product pages for the demo extractor (``demo_shop``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import struct
 import zlib
 
 from aiohttp import web
+
+from busscrape.ops.demo_shop import LANTERN, PRODUCT_PATHS, SHOP_PATHS, shop_pages
 
 _STYLE = """body{font:16px/1.5 system-ui,sans-serif;margin:2rem auto;max-width:46rem;padding:0 1rem;color:#222}
 h1{color:#234}nav a{margin-right:1rem}.card{border:1px solid #ccd;border-radius:6px;padding:.5rem 1rem;margin:.5rem 0}
@@ -63,8 +66,10 @@ window.addEventListener('DOMContentLoaded', async () => {
                                               for i in range(1, 7))),
     "/slow.html": _page("A slow page", "<p>This page took two seconds to answer; the worker waited for it.</p>"),
 }
+PAGES.update(shop_pages(_page))
 ITEMS = [{"title": f"Item {i}", "text": "rendered in the browser from /api/items.json"} for i in range(1, 6)]
 DEMO_PATHS = ("/", "/static.html", "/spa.html", "/gallery.html", "/slow.html", "/old-article", "/missing.html")
+DEMO_EXTRACTOR = "demo-product"
 
 
 class DemoSite:
@@ -83,6 +88,12 @@ class DemoSite:
     def urls(self) -> list[str]:
         return [f"http://{self.origin}{path}" for path in DEMO_PATHS]
 
+    def specs(self) -> list[dict[str, str]]:
+        """The demo's tasks as JSONL specs: every page, the shop's product pages with the demo extractor."""
+        return [{"url": url} for url in self.urls()] + [
+            {"url": f"http://{self.origin}{path}", **({"extractor": DEMO_EXTRACTOR} if path in PRODUCT_PATHS else {})}
+            for path in SHOP_PATHS]
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         if path in PAGES:
@@ -93,6 +104,8 @@ class DemoSite:
             return web.Response(text=_STYLE, content_type="text/css")
         if path == "/api/items.json":
             return web.json_response(ITEMS)
+        if path == "/shop/api/lantern.json":
+            return web.json_response(LANTERN)
         if path in self._images:
             return web.Response(body=self._images[path], content_type="image/png")
         if path == "/old-article":

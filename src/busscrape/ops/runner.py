@@ -110,6 +110,10 @@ class Runner:
 
     async def run(self) -> RunSummary:
         started = time.monotonic()
+        from busscrape.extract.registry import Registry
+
+        # Before anything starts: an invalid extractor file would stop every worker it starts.
+        Registry.load(self.settings.extract.dir)
         async with AsyncExitStack() as stack:
             settings = self.settings
             embedded = not settings.nats.url

@@ -33,6 +33,7 @@ from busscrape.archive.layout import ArchivePlan
 from busscrape.archive.storage import Storage
 from busscrape.deadletters.filing import host_of
 from busscrape.errors import BusscrapeError, ConfigurationError
+from busscrape.extract import records
 from busscrape.model.messages import ScrapeResult
 from busscrape.search import open_index
 from busscrape.search.index import IndexedPage, SearchIndex
@@ -64,8 +65,11 @@ async def page_from_archive(storage: Storage, plan: ArchivePlan, result: ScrapeR
                 text = await asyncio.to_thread(inflate, data, limit, gzipped)
             else:
                 text = inflate(data, limit, gzipped)
+    extraction = result.extraction
     return IndexedPage(archive_key=plan.folder, task_id=result.task_id, url=result.url,
-                       host=host_of(result.url) or "", title=result.title, text=text, scraped_at=result.scraped_at)
+                       host=host_of(result.url) or "", title=result.title, text=text, scraped_at=result.scraped_at,
+                       extractor=extraction.extractor if extraction else None,
+                       record=extraction.record if extraction else None)
 
 
 class SearchFeed:
@@ -191,14 +195,18 @@ async def _page_from_meta(storage: Storage, meta_key: str, limit: int) -> Indexe
     try:
         meta = orjson.loads(raw or b"")
         objects: Iterable[dict] = meta["objects"]
-        text = ""
+        text, extracted = "", None
         for obj in objects:
             if obj["name"] in TEXT_NAMES:
                 data = await storage.get(obj["key"]) or b""
                 text = await asyncio.to_thread(inflate, data, limit, obj.get("content_encoding") == "gzip")
+            elif obj["name"] == records.EXTRACTED_NAME:
+                extracted = orjson.loads(await storage.get(obj["key"]) or b"null")
         return IndexedPage(archive_key=meta_key.rsplit("/", 1)[0], task_id=meta["task_id"], url=meta["url"],
                            host=host_of(meta["url"]) or "", title=meta.get("title") or "", text=text,
-                           scraped_at=datetime.fromisoformat(meta["scraped_at"]))
+                           scraped_at=datetime.fromisoformat(meta["scraped_at"]),
+                           extractor=extracted["extractor"] if extracted else None,
+                           record=extracted["record"] if extracted else None)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         log.warning("search.unreadable_meta", key=meta_key, error=str(exc))
         return None

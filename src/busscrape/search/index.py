@@ -16,6 +16,10 @@ too). Queries use the backend's own language, always bound as a parameter: FTS5'
 (``word``, ``"a phrase"``, ``a OR b``, ``NOT``, ``pre*``, ``title:word``) or PostgreSQL's
 ``websearch_to_tsquery`` (``word``, ``"a phrase"``, ``a or b``, ``-word``).
 
+A page whose task had an extractor is indexed with its record: the record's text is searched with
+the page's, and ``SearchQuery.where`` (``--where price<100``) keeps the pages whose record's
+field holds the condition.
+
 Errors, and what happens with them:
 
 - ``InvalidQuery`` — the query is empty, too long, holds control characters or does not parse:
@@ -28,10 +32,13 @@ Errors, and what happens with them:
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -70,6 +77,46 @@ class IndexedPage:
     text: str
     """The page's visible text (the ``text`` artifact), cut at ``search.max_text_bytes``."""
     scraped_at: datetime
+    extractor: str | None = None
+    record: dict[str, Any] | None = None
+    """The extractor's record, when the task had one: its text is indexed, its fields filter (``where``)."""
+
+
+MAX_FILTERS = 8
+FILTER_PATTERN = r"^\s*[A-Za-z_][A-Za-z0-9_]{0,63}\s*(<=|>=|!=|=|<|>)\s*\S"
+_FILTER = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]{0,63})\s*(<=|>=|!=|=|<|>)\s*(.*?)\s*$", re.S)
+Operator = Literal["<", "<=", ">", ">=", "=", "!="]
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """``price<100``: a top-level field of the extracted record compared with a value. A value that
+    reads as a number compares as a number (so ``"1299.00"``, a decimal, is more than 100); any
+    other value compares as text (ISO dates then compare in time order)."""
+
+    field: str
+    op: Operator
+    value: str
+    number: Decimal | None
+
+    @classmethod
+    def parse(cls, text: str) -> Filter:
+        match = _FILTER.match(text)
+        if match is None or not match.group(3):
+            raise InvalidQuery(f"where {text!r}: write FIELD<VALUE (operators < <= > >= = !=), e.g. price<100")
+        name, op, value = match.groups()
+        if any(unicodedata.category(c) == "Cc" for c in value) or len(value) > 200:
+            raise InvalidQuery(f"where {text!r}: the value holds control characters or is over 200 characters")
+        try:
+            number: Decimal | None = Decimal(value)
+            if not number.is_finite():
+                number = None
+        except InvalidOperation:
+            number = None
+        return cls(name, op, value, number)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"{self.field}{self.op}{self.value}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +127,12 @@ class SearchQuery:
     host: str | None = None
     since: datetime | None = None
     limit: int = 10
+    where: tuple[Filter, ...] = ()
+    """Conditions on the extracted record's fields, all of which must hold."""
 
     @classmethod
     def parse(cls, text: str, *, host: str | None = None, since: datetime | None = None, limit: int = 10,
-              max_limit: int = 100) -> SearchQuery:
+              max_limit: int = 100, where: list[str] | tuple[str, ...] = ()) -> SearchQuery:
         """Check what no backend would accept, so both refuse it alike (``InvalidQuery``)."""
         # Length and characters are checked as given, before stripping: what the API document promises.
         if len(text) > MAX_QUERY_CHARS:
@@ -97,7 +146,10 @@ class SearchQuery:
             raise InvalidQuery(f"limit must be between 1 and {max_limit}, not {limit}")
         if since is not None and since.tzinfo is None:
             since = since.replace(tzinfo=UTC)
-        return cls(stripped, host.strip().lower() if host and host.strip() else None, since, limit)
+        if len(where) > MAX_FILTERS:
+            raise InvalidQuery(f"at most {MAX_FILTERS} where conditions")
+        filters = tuple(Filter.parse(w) for w in where)
+        return cls(stripped, host.strip().lower() if host and host.strip() else None, since, limit, filters)
 
 
 class SearchHit(BaseModel):
@@ -115,6 +167,9 @@ class SearchHit(BaseModel):
     """Text around the best matches, each matched term between ``⟦`` and ``⟧``."""
     score: float
     """Higher is better (bm25 negated / ts_rank_cd); comparable within one result list only."""
+    extractor: str | None = None
+    record: dict[str, Any] | None = None
+    """The page's extracted record, when its task had an extractor."""
 
 
 class SearchIndex(ABC):

@@ -3,7 +3,8 @@
 One table, ``busscrape_pages``, keyed by archive folder. Its ``document`` column is computed at
 write time: the title (weight A), the text (B) and the URL (C) under the configured text-search
 configuration (``BUSSCRAPE_SEARCH__POSTGRES_CONFIG``, ``simple`` by default: no stemming, so any
-language indexes alike). A GIN index serves ``@@``; results are ranked by ``ts_rank_cd`` (cover
+language indexes alike) and the extracted record's text (B; the record itself in ``record jsonb``,
+which ``where`` filters read). A GIN index serves ``@@``; results are ranked by ``ts_rank_cd`` (cover
 density, which rewards matched terms that stand close together) and shown with ``ts_headline``.
 Queries go through ``websearch_to_tsquery``, which accepts what people type into a search box and
 never fails to parse; everything is a bound parameter, the configuration name included.
@@ -18,11 +19,15 @@ import re
 import zlib
 from typing import Any
 
+import orjson
+
 from busscrape.errors import AuthenticationFailed, ConfigurationError
+from busscrape.extract import records
 from busscrape.search.index import (
     MARK_END,
     MARK_START,
     SNIPPET_WORDS,
+    Filter,
     IndexedPage,
     InvalidQuery,
     SearchHit,
@@ -46,30 +51,38 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     indexed_at timestamptz NOT NULL DEFAULT now(),
     document tsvector NOT NULL
 );
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS extracted text NOT NULL DEFAULT '';
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS extractor text;
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS record jsonb;
 CREATE INDEX IF NOT EXISTS {TABLE}_document ON {TABLE} USING gin (document);
 CREATE INDEX IF NOT EXISTS {TABLE}_host ON {TABLE} (host, scraped_at);
 CREATE INDEX IF NOT EXISTS {TABLE}_task ON {TABLE} (task_id);
 """
 
 DOCUMENT = ("setweight(to_tsvector($1::regconfig, $6), 'A') || setweight(to_tsvector($1::regconfig, $7), 'B') "
-            "|| setweight(to_tsvector('simple', $4), 'C')")
+            "|| setweight(to_tsvector('simple', $4), 'C') || setweight(to_tsvector($1::regconfig, $9), 'B')")
 UPSERT = f"""
-INSERT INTO {TABLE} (archive_key, task_id, url, host, title, body, scraped_at, document)
-VALUES ($2, $3, $4, $5, $6, $7, $8, {DOCUMENT})
+INSERT INTO {TABLE} (archive_key, task_id, url, host, title, body, scraped_at, extracted, extractor, record, document)
+VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, {DOCUMENT})
 ON CONFLICT (archive_key) DO UPDATE SET
     task_id = excluded.task_id, url = excluded.url, host = excluded.host, title = excluded.title,
-    body = excluded.body, scraped_at = excluded.scraped_at, document = excluded.document, indexed_at = now()
+    body = excluded.body, scraped_at = excluded.scraped_at, extracted = excluded.extracted,
+    extractor = excluded.extractor, record = excluded.record, document = excluded.document, indexed_at = now()
 """
+# A record's value as a number where it is one ("1299.00" is; "abc" is not: no cast error).
+NUMBER = ("(CASE WHEN p.record->>(${k}::text) ~ '^\\s*[-+]?([0-9]+\\.?[0-9]*|\\.[0-9]+)\\s*$' "
+          "THEN (p.record->>(${k}::text))::numeric END)")
 
 SEARCH = f"""
 WITH q AS (SELECT websearch_to_tsquery($1::regconfig, $2) AS query)
-SELECT p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key,
-       ts_headline($1::regconfig, p.body, q.query, $3) AS snippet,
+SELECT p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key, p.extractor, p.record::text AS record,
+       ts_headline($1::regconfig, p.body || ' ' || p.extracted, q.query, $3) AS snippet,
        ts_rank_cd(p.document, q.query) AS score
 FROM {TABLE} p, q
 WHERE p.document @@ q.query
   AND ($4::text IS NULL OR p.host = $4)
   AND ($5::timestamptz IS NULL OR p.scraped_at >= $5)
+  {{where}}
 ORDER BY score DESC, p.scraped_at DESC
 LIMIT $6
 """
@@ -137,15 +150,18 @@ class PostgresIndex(SearchIndex):
         if not pages:
             return
         rows = [(self.config, p.archive_key, p.task_id, p.url, p.host, _clean(p.title), _clean(p.text),
-                 utc(p.scraped_at)) for p in pages]
+                 utc(p.scraped_at), _clean(records.text_of(p.record)) if p.record else "", p.extractor,
+                 _clean(orjson.dumps(p.record).decode()) if p.record is not None else None) for p in pages]
         await self._run("executemany", UPSERT, rows, write=True)
 
     async def search(self, query: SearchQuery) -> list[SearchHit]:
-        rows = await self._run("fetch", SEARCH, self.config, query.text, HEADLINE, query.host, query.since,
-                               query.limit)
+        where, params = _conditions(query.where, first=7)
+        rows = await self._run("fetch", SEARCH.format(where=where), self.config, query.text, HEADLINE, query.host,
+                               query.since, query.limit, *params)
         return [SearchHit(task_id=r["task_id"], url=r["url"], host=r["host"], title=r["title"],
                           scraped_at=r["scraped_at"], archive_key=r["archive_key"], snippet=r["snippet"] or "",
-                          score=float(r["score"])) for r in rows]
+                          score=float(r["score"]), extractor=r["extractor"],
+                          record=orjson.loads(r["record"]) if r["record"] else None) for r in rows]
 
     async def count(self) -> int:
         return int(await self._run("fetchval", f"SELECT count(*) FROM {TABLE}"))
@@ -168,6 +184,20 @@ class PostgresIndex(SearchIndex):
             raise InvalidQuery(f"invalid query: {exc}") from None
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise SearchUnavailable(f"PostgreSQL at {self.where} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _conditions(filters: tuple[Filter, ...], *, first: int) -> tuple[str, list[Any]]:
+    """SQL and parameters (numbered from ``$first``) for the ``where`` filters."""
+    sql, params = [], []
+    for f in filters:
+        k, v = first + len(params), first + len(params) + 1
+        if f.number is not None:
+            sql.append(f"AND {NUMBER.format(k=k)} {f.op} ${v}::numeric")
+            params += [f.field, f.number]
+        else:
+            sql.append(f"AND p.record->>(${k}::text) {f.op} ${v}::text")
+            params += [f.field, f.value]
+    return "\n  ".join(sql), params
 
 
 def _clean(text: str) -> str:

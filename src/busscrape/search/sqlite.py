@@ -1,6 +1,7 @@
 """The embedded search index: SQLite FTS5 in one local file (``<state_dir>/search.sqlite3``).
 
-Pages live in a plain table; an external-content FTS5 table indexes their title, text and URL,
+Pages live in a plain table; an external-content FTS5 table indexes their title, text, URL and
+extracted record's text (``where`` filters read the record's JSON with ``json_extract``),
 kept in step by triggers, so a row is stored once and ``snippet()`` reads it from the table.
 Ranking is ``bm25`` with the title weighted above the text and the URL below it.
 
@@ -20,11 +21,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from busscrape.errors import ConfigurationError
+from busscrape.extract import records
 from busscrape.search.index import (
     MARK_END,
     MARK_START,
     SNIPPET_WORDS,
+    Filter,
     IndexedPage,
     InvalidQuery,
     SearchHit,
@@ -36,8 +41,8 @@ from busscrape.search.index import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA_VERSION = 2
+TABLES = """
 CREATE TABLE IF NOT EXISTS pages (
     id INTEGER PRIMARY KEY,
     archive_key TEXT NOT NULL UNIQUE,
@@ -47,46 +52,93 @@ CREATE TABLE IF NOT EXISTS pages (
     title TEXT NOT NULL,
     body TEXT NOT NULL,
     scraped_at TEXT NOT NULL,
-    indexed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+    indexed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    extracted TEXT NOT NULL DEFAULT '',
+    extractor TEXT,
+    record TEXT
 );
 CREATE INDEX IF NOT EXISTS pages_host ON pages(host, scraped_at);
 CREATE INDEX IF NOT EXISTS pages_task ON pages(task_id);
+"""
+FTS = """
 CREATE VIRTUAL TABLE IF NOT EXISTS pages_fts USING fts5(
-    title, body, url, content='pages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+    title, body, url, extracted, content='pages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
 );
 CREATE TRIGGER IF NOT EXISTS pages_ai AFTER INSERT ON pages BEGIN
-    INSERT INTO pages_fts(rowid, title, body, url) VALUES (new.id, new.title, new.body, new.url);
+    INSERT INTO pages_fts(rowid, title, body, url, extracted) VALUES (new.id, new.title, new.body, new.url,
+                                                                       new.extracted);
 END;
 CREATE TRIGGER IF NOT EXISTS pages_ad AFTER DELETE ON pages BEGIN
-    INSERT INTO pages_fts(pages_fts, rowid, title, body, url) VALUES ('delete', old.id, old.title, old.body, old.url);
+    INSERT INTO pages_fts(pages_fts, rowid, title, body, url, extracted)
+    VALUES ('delete', old.id, old.title, old.body, old.url, old.extracted);
 END;
 CREATE TRIGGER IF NOT EXISTS pages_au AFTER UPDATE ON pages BEGIN
-    INSERT INTO pages_fts(pages_fts, rowid, title, body, url) VALUES ('delete', old.id, old.title, old.body, old.url);
-    INSERT INTO pages_fts(rowid, title, body, url) VALUES (new.id, new.title, new.body, new.url);
+    INSERT INTO pages_fts(pages_fts, rowid, title, body, url, extracted)
+    VALUES ('delete', old.id, old.title, old.body, old.url, old.extracted);
+    INSERT INTO pages_fts(rowid, title, body, url, extracted) VALUES (new.id, new.title, new.body, new.url,
+                                                                       new.extracted);
 END;
 """
+SCHEMA = TABLES + FTS
+# Version 1 (before extraction): the record's columns added, the FTS table made again with its
+# extracted column and rebuilt from the pages.
+MIGRATE_1 = """
+ALTER TABLE pages ADD COLUMN extracted TEXT NOT NULL DEFAULT '';
+ALTER TABLE pages ADD COLUMN extractor TEXT;
+ALTER TABLE pages ADD COLUMN record TEXT;
+DROP TRIGGER IF EXISTS pages_ai; DROP TRIGGER IF EXISTS pages_ad; DROP TRIGGER IF EXISTS pages_au;
+DROP TABLE IF EXISTS pages_fts;
+""" + FTS + "INSERT INTO pages_fts(pages_fts) VALUES ('rebuild');"
 
 UPSERT = """
-INSERT INTO pages (archive_key, task_id, url, host, title, body, scraped_at)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT INTO pages (archive_key, task_id, url, host, title, body, scraped_at, extracted, extractor, record)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (archive_key) DO UPDATE SET
     task_id = excluded.task_id, url = excluded.url, host = excluded.host, title = excluded.title,
-    body = excluded.body, scraped_at = excluded.scraped_at,
+    body = excluded.body, scraped_at = excluded.scraped_at, extracted = excluded.extracted,
+    extractor = excluded.extractor, record = excluded.record,
     indexed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
 """
 
-# Weights of bm25 per FTS column (title, body, url). bm25 is lower-is-better; the hit's score is negated.
+# Weights of bm25 per FTS column (title, body, url, extracted). bm25 is lower-is-better; the hit's
+# score is negated. {where} is one "AND <condition>" per filter (``_conditions``).
 SEARCH = f"""
 SELECT p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key,
        snippet(pages_fts, -1, ?, ?, '…', {SNIPPET_WORDS}) AS snippet,
-       bm25(pages_fts, 5.0, 1.0, 2.0) AS rank
+       bm25(pages_fts, 5.0, 1.0, 2.0, 3.0) AS rank, p.extractor, p.record
 FROM pages_fts JOIN pages p ON p.id = pages_fts.rowid
 WHERE pages_fts MATCH ?
   AND (? IS NULL OR p.host = ?)
   AND (? IS NULL OR p.scraped_at >= ?)
+  {{where}}
 ORDER BY rank, p.scraped_at DESC
 LIMIT ?
 """
+
+
+def _number(value: Any) -> float | None:
+    """A record's value as a number, or NULL (``"1299.00"`` is a number; ``"abc"`` is not)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _conditions(filters: tuple[Filter, ...]) -> tuple[str, list[Any]]:
+    """SQL and parameters for the ``where`` filters (operators come from a fixed set)."""
+    sql, params = [], []
+    for f in filters:
+        if f.number is not None:
+            sql.append(f"AND busscrape_number(json_extract(p.record, ?)) {f.op} ?")
+            params += [f"$.{f.field}", float(f.number)]
+        else:
+            sql.append(f"AND json_extract(p.record, ?) {f.op} ?")
+            params += [f"$.{f.field}", f.value]
+    return "\n  ".join(sql), params
 
 SYNTAX = 'FTS5 syntax: words, "a phrase", a OR b, a NOT b, pre*, title:/body:/url:word'
 # What SQLite says when the MATCH expression itself is wrong (as opposed to the file or the disk).
@@ -136,11 +188,14 @@ class SqliteIndex(SearchIndex):
             # A power cut may cost the last commits, never the file: the archive is the record, and
             # `busscrape search --reindex` rebuilds the index from it.
             db.execute("PRAGMA synchronous=NORMAL")
-            if db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            db.create_function("busscrape_number", 1, _number, deterministic=True)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version < SCHEMA_VERSION:
                 # One script, one transaction: a second process opening the file at the same moment
-                # waits for it, then finds every IF NOT EXISTS satisfied.
+                # waits for it, then finds every IF NOT EXISTS satisfied (and the version it wrote).
+                script = MIGRATE_1 if version == 1 else SCHEMA
                 try:
-                    db.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+                    db.executescript(f"BEGIN IMMEDIATE;{script}PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
                 except sqlite3.Error as exc:
                     if db.in_transaction:
                         db.execute("ROLLBACK")
@@ -167,20 +222,24 @@ class SqliteIndex(SearchIndex):
 
     def _add(self, pages: list[IndexedPage]) -> None:
         db = self._connection()
-        rows = [(p.archive_key, p.task_id, p.url, p.host, p.title, p.text, _timestamp(p.scraped_at)) for p in pages]
+        rows = [(p.archive_key, p.task_id, p.url, p.host, p.title, p.text, _timestamp(p.scraped_at),
+                 records.text_of(p.record) if p.record else "", p.extractor,
+                 orjson.dumps(p.record).decode() if p.record is not None else None) for p in pages]
         with _transaction(db):
             db.executemany(UPSERT, rows)
 
     async def search(self, query: SearchQuery) -> list[SearchHit]:
         since = _timestamp(query.since) if query.since else None
-        params = (MARK_START, MARK_END, query.text, query.host, query.host, since, since, query.limit)
-        rows = await self._guarded(self._search, params)
+        where, filters = _conditions(query.where)
+        params = (MARK_START, MARK_END, query.text, query.host, query.host, since, since, *filters, query.limit)
+        rows = await self._guarded(self._search, SEARCH.format(where=where), params)
         return [SearchHit(task_id=r[0], url=r[1], host=r[2], title=r[3], scraped_at=datetime.fromisoformat(r[4]),
-                          archive_key=r[5], snippet=r[6] or "", score=-r[7]) for r in rows]
+                          archive_key=r[5], snippet=r[6] or "", score=-r[7], extractor=r[8],
+                          record=orjson.loads(r[9]) if r[9] else None) for r in rows]
 
-    def _search(self, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _search(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         try:
-            return self._connection().execute(SEARCH, params).fetchall()
+            return self._connection().execute(sql, params).fetchall()
         except sqlite3.OperationalError as exc:
             message = str(exc)
             if any(marker in message for marker in _QUERY_ERRORS):

@@ -19,6 +19,7 @@ from busscrape.settings.sections import (
     ArchiveSettings,
     BrowserSettings,
     DispatchSettings,
+    ExtractSettings,
     IngesterSettings,
     NatsSettings,
     NetworkPolicySettings,
@@ -50,6 +51,7 @@ class Settings(BaseSettings):
     dispatch: DispatchSettings = DispatchSettings()
     browser: BrowserSettings = BrowserSettings()
     worker: WorkerSettings = WorkerSettings()
+    extract: ExtractSettings = ExtractSettings()
     network: NetworkPolicySettings = NetworkPolicySettings()
     s3: S3Settings = S3Settings()
     archive: ArchiveSettings = ArchiveSettings()

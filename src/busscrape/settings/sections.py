@@ -22,6 +22,7 @@ __all__ = [
     "ArchiveSettings",
     "BrowserSettings",
     "DispatchSettings",
+    "ExtractSettings",
     "IngesterSettings",
     "NatsSettings",
     "NetworkPolicySettings",
@@ -272,6 +273,26 @@ class WorkerSettings(_Section):
     """Exit after this many tasks (bounded runs and tests)."""
     exit_when_idle: Duration | None = None
     """Exit when no task arrived for this long."""
+
+
+class ExtractSettings(_Section):
+    """Extractors (``extractors/*.toml``): where they are, and how a worker runs them."""
+
+    dir: Path = Path("extractors")
+    """Folder of extractor files, one ``<name>.toml`` each, loaded and checked at start (an invalid one
+    stops the process with the file, the field and the reason)."""
+    processes: int = Field(1, ge=1, le=64)
+    """Extraction processes per worker: extractors run beside the event loop, never in it, so a slow
+    or crashing extractor stalls no render and kills no worker."""
+    timeout: Duration = Field("10s", gt=0)
+    """Longest one extraction may take; then its process is replaced and the task retried
+    (``extraction_timeout``)."""
+    max_memory: Size = Field("1GiB", ge=64 * 1024 * 1024)
+    """Address space of one extraction process (a page that makes an extractor allocate more fails the
+    extraction, not the machine)."""
+    max_record_bytes: Size = Field("256KiB", ge=1024)
+    """Largest extracted record (as JSON) a result carries; a larger one dead-letters the task as
+    ``record_too_large`` (results must fit in RESULTS' ``max_msg_size``)."""
 
 
 class NetworkPolicySettings(_Section):

@@ -61,6 +61,8 @@ class Rendered:
     captures: list[Capture] = field(default_factory=list)
     blocked_requests: list[str] = field(default_factory=list)
     har_bodies_dropped: bool = False
+    html: str | None = None
+    """The rendered DOM as HTML, for the task's extractor (tasks with one only)."""
 
 
 @dataclass
@@ -92,7 +94,7 @@ class Capturer:
         page, task, timings = visit.tab.page, visit.task, visit.timings
         opts = task.options
         dom = await page.evaluate(_CAPTURE_JS, "text" in opts.artifacts)
-        if "html" in opts.artifacts:
+        if "html" in opts.artifacts or opts.extractor:
             dom["html"] = await page.content()
         captures = self._texts(task, dom)
         if "screenshot" in opts.artifacts:
@@ -112,18 +114,19 @@ class Capturer:
                         response_headers=bounds.headers(visit.headers), title=bounds.cut(dom["title"], MAX_TITLE),
                         timings=timings, captures=captures,
                         blocked_requests=list(bounds.urls(blocked, most=bounds.MAX_BLOCKED)),
-                        har_bodies_dropped=dropped)
+                        har_bodies_dropped=dropped, html=dom["html"] if opts.extractor else None)
 
     def _texts(self, task: ScrapeTask, dom: dict) -> list[Capture]:
         """The rendered HTML (refused over ``max_page_bytes``) and the visible text (cut there)."""
         out = []
         limit = self.settings.max_page_bytes
-        if "html" in task.options.artifacts:
+        if "html" in dom:  # captured, or read for the extractor: the same limit
             html = dom["html"].encode("utf-8", "surrogatepass")
             if len(html) > limit:
                 raise LimitExceeded(f"rendered HTML is {len(html)} bytes, over max_page_bytes {limit}",
                                     reason="page_too_large")
-            out.append(Capture(HTML_FILE, "html", CONTENT_TYPES["html"], html))
+            if "html" in task.options.artifacts:
+                out.append(Capture(HTML_FILE, "html", CONTENT_TYPES["html"], html))
         if "text" in task.options.artifacts:
             text = dom["text"].encode("utf-8", "surrogatepass")
             out.append(Capture(TEXT_FILE, "text", CONTENT_TYPES["text"], text[:limit]))

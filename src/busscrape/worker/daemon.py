@@ -40,7 +40,10 @@ from busscrape.errors import (
     RetryableError,
     StorageUnavailable,
 )
-from busscrape.model.messages import ArtifactRef, ScrapeResult, ScrapeTask, decode, utcnow
+from busscrape.extract import records
+from busscrape.extract.pool import ExtractionPool
+from busscrape.extract.registry import Registry
+from busscrape.model.messages import ArtifactRef, Extraction, ScrapeResult, ScrapeTask, decode, utcnow
 from busscrape.model.steps import Evaluate
 from busscrape.net.egress import EgressProxy
 from busscrape.net.policy import NetworkPolicy
@@ -84,6 +87,9 @@ class Worker(PullService):
         self.failures = Failures(bus, settings, self.attempts, self.results, self.count, telemetry)
         self.pool: BrowserPool | None = None
         self.renderer: Renderer | None = None
+        # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
+        self.extractors = Registry.load(settings.extract.dir)
+        self.extraction: ExtractionPool | None = None
         self._stack = AsyncExitStack()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -96,6 +102,11 @@ class Worker(PullService):
                         recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses,
                         tab_wipe_delay=w.tab_wipe_delay, idle_tabs=w.concurrency))
         await self._stack.enter_async_context(self.results)
+        if self.extractors:
+            x = self.settings.extract
+            self.extraction = await self._stack.enter_async_context(
+                ExtractionPool(self.extractors, processes=x.processes, timeout=x.timeout, max_memory=x.max_memory))
+        log.info("worker.extractors", folder=str(self.settings.extract.dir), names=sorted(self.extractors))
         self.renderer = Renderer(self.pool, self.policy, egress, w)
         await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
@@ -191,7 +202,8 @@ class Worker(PullService):
             self._validate(task)
             scraped_at = utcnow()
             rendered = await self._render(task)
-            result = await self._result(task, seq, attempt, rendered, scraped_at)
+            extraction = await self._extract(task, rendered)
+            result = await self._result(task, seq, attempt, rendered, scraped_at, extraction)
             await running
             # Sent beside the result, so it costs no round trip, and on top of `running`: should
             # the ingester record `archived` first, this is left out rather than stored after it.
@@ -226,6 +238,22 @@ class Worker(PullService):
         if not self.settings.worker.allow_evaluate and any(isinstance(s, Evaluate) for s in task.steps):
             raise InvalidTask("the evaluate step is disabled on this worker (BUSSCRAPE_WORKER__ALLOW_EVALUATE)",
                               reason="evaluate_disabled")
+        if task.options.extractor is not None and task.options.extractor not in self.extractors:
+            raise InvalidTask(f"this worker has no extractor {task.options.extractor!r} in "
+                              f"{self.settings.extract.dir} (it has: {', '.join(sorted(self.extractors)) or 'none'})",
+                              reason="unknown_extractor")
+
+    async def _extract(self, task: ScrapeTask, rendered: Rendered) -> Extraction | None:
+        """The task's extractor on the rendered DOM, in the extraction processes (``extract.pool``)."""
+        name = task.options.extractor
+        if name is None:
+            return None
+        assert self.extraction is not None and rendered.html is not None
+        extractor = self.extractors[name]
+        with tracing.span("extract", **{"busscrape.extractor": name}):
+            outcome = await self.extraction.extract(name, rendered.html, rendered.final_url)
+        rendered.html = None  # not kept while the result is uploaded and published
+        return records.extraction(extractor, outcome, max_bytes=self.settings.extract.max_record_bytes)
 
     async def _render(self, task: ScrapeTask) -> Rendered:
         """The page rendered and captured within ``task_timeout``, which starts once the host's
@@ -242,7 +270,7 @@ class Worker(PullService):
                                         f"{self.settings.worker.task_timeout:.0f}s", reason="task_timeout") from None
 
     async def _result(self, task: ScrapeTask, seq: int, attempt: int, rendered: Rendered,
-                      scraped_at: datetime) -> ScrapeResult:
+                      scraped_at: datetime, extraction: Extraction | None = None) -> ScrapeResult:
         """The captures stored in ARTIFACTS, and the result that points at them."""
         with tracing.span("upload artifacts", count=len(rendered.captures)):
             # All at once: a task's latency pays one object-store round trip, not one per artifact.
@@ -260,5 +288,5 @@ class Worker(PullService):
             response_headers=rendered.response_headers, title=rendered.title, timings=rendered.timings,
             artifacts=tuple(refs), labels=task.labels, worker=self.settings.worker.name, attempt=attempt,
             scraped_at=scraped_at, blocked_requests=tuple(rendered.blocked_requests),
-            dispatched_at=task.dispatched_at,
+            dispatched_at=task.dispatched_at, extraction=extraction,
         )

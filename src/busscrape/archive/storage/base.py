@@ -61,9 +61,9 @@ class Storage(ABC):
         assert self._uploads is not None, "entered before use"
         return self._uploads
 
-    async def put_bytes(self, key: str, data: bytes, *, content_type: str) -> None:
+    async def put_bytes(self, key: str, data: bytes, *, content_type: str, durable: bool = True) -> None:
         """Store a small object held in memory."""
-        await self.put(key, _once(data), content_type=content_type)
+        await self.put(key, _once(data), content_type=content_type, durable=durable)
 
     @abstractmethod
     async def open(self) -> None:

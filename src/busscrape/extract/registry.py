@@ -1,0 +1,124 @@
+"""The extractors of a folder (``extractors/*.toml``), loaded and checked at start.
+
+Every process that needs extractors (the worker, ``busscrape extractors``, the dispatcher's name
+check, export) loads the whole folder once: an invalid file stops the process at start with the
+file, the field and the reason (``ExtractorInvalid``, exit code 2), instead of failing task after
+task later. The folder is ``BUSSCRAPE_EXTRACT__DIR`` (default ``extractors`` in the working
+directory); a folder that is not there is an empty registry.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from busscrape.errors import ConfigurationError
+from busscrape.extract.definition import NAME, Extractor
+
+
+class ExtractorInvalid(ConfigurationError):
+    """An extractor file that does not load: exit at start, naming the file, the field and why."""
+
+    reason = "extractor_invalid"
+
+
+class UnknownExtractor(ConfigurationError):
+    reason = "unknown_extractor"
+
+
+def describe(exc: ValidationError, limit: int = 5) -> str:
+    """``fields.price.type: Input should be 'str', 'int' … (got 'money')`` for the first few errors."""
+    parts = []
+    for err in exc.errors()[:limit]:
+        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after")) or "(file)"
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("literal_error", "missing", "extra_forbidden", "int_parsing", "greater_than_equal") \
+                and "input" in err and not isinstance(err["input"], dict):
+            message += f" (got {err['input']!r})"
+        parts.append(f"{where}: {message}")
+    if exc.error_count() > limit:
+        parts.append(f"… and {exc.error_count() - limit} more")
+    return "; ".join(parts)
+
+
+def bundled_dir() -> Path:
+    """The extractors shipped with busscrape (the demo's): in the wheel, or at the repository root."""
+    from importlib import resources
+
+    packaged = resources.files("busscrape") / "_extractors"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[3] / "extractors"
+
+
+def load_file(path: Path) -> Extractor:
+    """One extractor file, validated (raises ``ExtractorInvalid``)."""
+    name = path.name.removesuffix(".toml")
+    if not NAME.match(name):
+        raise ExtractorInvalid(f"{path}: {name!r} is not an extractor name (lower-case letters, digits, '.', '_', "
+                               "'-'); rename the file")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ExtractorInvalid(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ExtractorInvalid(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ExtractorInvalid(f"{path}: not TOML: {exc}") from None
+    given = doc.pop("name", name)
+    if given != name:
+        raise ExtractorInvalid(f"{path}: name: {given!r} is not the file's name {name!r}; an extractor is named "
+                               "by its file")
+    try:
+        return Extractor.model_validate({"name": name, **doc})
+    except ValidationError as exc:
+        raise ExtractorInvalid(f"{path}: {describe(exc)}") from None
+
+
+@dataclass(frozen=True)
+class Registry(Mapping[str, Extractor]):
+    """Extractors by name, from one folder."""
+
+    folder: Path | None
+    extractors: dict[str, Extractor] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, folder: Path | str | None) -> Registry:
+        """Every ``*.toml`` of ``folder`` (none when it is None or not there); the first invalid
+        file raises ``ExtractorInvalid``."""
+        if folder is None:
+            return cls(None)
+        folder = Path(folder)
+        if not folder.is_dir():
+            if folder.exists():
+                raise ExtractorInvalid(f"{folder}: the extractors folder is not a folder")
+            return cls(folder)
+        extractors, files = {}, {}
+        for path in sorted(folder.glob("*.toml")):
+            extractor = load_file(path)
+            extractors[extractor.name] = extractor
+            files[extractor.name] = path
+        return cls(folder, extractors, files)
+
+    def __getitem__(self, name: str) -> Extractor:
+        return self.extractors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.extractors)
+
+    def __len__(self) -> int:
+        return len(self.extractors)
+
+    def get_or_explain(self, name: str) -> Extractor:
+        """The extractor, or ``UnknownExtractor`` saying which ones there are and where."""
+        found = self.extractors.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.extractors)) or "none"
+            raise UnknownExtractor(f"no extractor {name!r} in {self.folder or '(no folder)'} (there: {known}); "
+                                   "add extractors/<name>.toml or set BUSSCRAPE_EXTRACT__DIR")
+        return found
