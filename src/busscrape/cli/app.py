@@ -111,8 +111,10 @@ async def serve(service: Any) -> Any:
     try:
         async with contextlib.AsyncExitStack() as stack:
             if telemetry is not None and cfg.http_port is not None:
+                # Only the default port gives way to another daemon on this host; one the operator chose does not.
                 await stack.enter_async_context(
-                    HealthServer(cfg.http_host, cfg.http_port, checks=service.checks, telemetry=telemetry))
+                    HealthServer(cfg.http_host, cfg.http_port, checks=service.checks, telemetry=telemetry,
+                                 fallback="http_port" not in cfg.model_fields_set))
             async with service:
                 return await service.run()
     finally:

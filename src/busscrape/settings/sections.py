@@ -387,4 +387,6 @@ class TelemetrySettings(_Section):
     http_host: str = "0.0.0.0"
     """Address the daemons' ``/healthz``, ``/readyz`` and ``/metrics`` listen on."""
     http_port: int | None = 9464
-    """Port of that server; 0 picks a free one, unset turns it off."""
+    """Port of that server; 0 picks a free one, ``none`` turns it off. Left at the default, a daemon
+    that finds it taken (a worker and an ingester on one host) takes a free one and logs it
+    (``health.port_taken``, ``health.listening``); a port set here that is taken is exit 2."""
