@@ -8,12 +8,12 @@ load no settings, no NATS client and no browser (``bench/cli_startup.py`` measur
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
 from busscrape import __version__
-from busscrape.errors import EXIT_INTERRUPTED, ConfigurationError
+from busscrape.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigurationError
 from busscrape.printable import visible
 
 if TYPE_CHECKING:
@@ -77,18 +77,34 @@ T = TypeVar("T")
 
 
 def settings(**sections: dict[str, Any]) -> Settings:
-    """Settings from the environment with the given CLI flags on top; logging configured."""
+    """Settings from the environment with the given CLI flags on top; logging configured.
+
+    Invalid settings are exit 2 with one line per problem, naming the variable (or the flag) and
+    the value (``BUSSCRAPE_WORKER__CONCURRENCY='abc': not an integer``).
+    """
     from busscrape.settings import Settings
     from busscrape.telemetry import logs
 
     try:
         base = Settings()
+    except ValueError as exc:  # pydantic's ValidationError and pydantic-settings' SettingsError are
+        invalid_settings(exc)
+    try:
         result = base.with_overrides(**sections) if sections else base
-    except ValueError as exc:  # pydantic ValidationError is a ValueError
-        err.print(f"[red]error:[/] invalid settings: {safe(exc)}")
-        raise typer.Exit(2) from None
+    except ValueError as exc:
+        invalid_settings(exc, flags={f"{section}.{name}": "--" + name.replace("_", "-")
+                                     for section, values in sections.items() for name in values})
     logs.configure(result.telemetry.log_format, result.telemetry.log_level)
     return result
+
+
+def invalid_settings(exc: Exception, flags: dict[str, str] | None = None) -> NoReturn:
+    """Exit 2 with what is wrong with the settings, one line per problem."""
+    from busscrape.settings.problems import describe
+
+    for line in describe(exc, flags=flags):
+        err.print(f"[red]error:[/] {safe(line)}", soft_wrap=True)
+    raise typer.Exit(EXIT_CONFIG)
 
 
 async def serve(service: Any) -> Any:

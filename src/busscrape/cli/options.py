@@ -36,7 +36,7 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
 
 
 def usage(message: str) -> NoReturn:
-    err.print(f"[red]error:[/] {safe(message)}")
+    err.print(f"[red]error:[/] {safe(message)}", soft_wrap=True)
     raise typer.Exit(EXIT_CONFIG)
 
 

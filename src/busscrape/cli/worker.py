@@ -27,12 +27,10 @@ def worker_cmd(
     from busscrape.bus import names, provision, topology
     from busscrape.bus.connection import Bus
     from busscrape.telemetry.metrics import Telemetry, configure_tracing
-    from busscrape.units import parse_duration
     from busscrape.worker.daemon import Worker
 
-    idle = parse_duration(exit_when_idle) if exit_when_idle else None
     base = settings()
-    s = settings(worker={"concurrency": concurrency, "max_tasks": max_tasks, "exit_when_idle": idle},
+    s = settings(worker={"concurrency": concurrency, "max_tasks": max_tasks, "exit_when_idle": exit_when_idle},
                  nats={"url": nats_url}, network={"allow": [*base.network.allow, *allow]})
 
     async def go() -> None:
