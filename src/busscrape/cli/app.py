@@ -39,8 +39,17 @@ app = typer.Typer(
 )
 
 
+# Off a terminal (a pipe, a file, a CI log) lines are as long as they are: rich would otherwise
+# wrap at 80 columns, split paths mid-hash and cut table cells with "…".
+_UNBOUNDED = 1_000_000
+
+
 class _Lazy:
-    """A rich ``Console`` made on first use (rich costs a tenth of a second to import)."""
+    """A rich ``Console`` made on first use (rich costs a tenth of a second to import).
+
+    On a terminal it wraps and fits tables to the window; off one it never wraps, truncates or
+    pads: ``soft_wrap`` and a width no line reaches.
+    """
 
     def __init__(self, stderr: bool) -> None:
         self._stderr = stderr
@@ -50,7 +59,10 @@ class _Lazy:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=self._stderr, highlight=False)
+            console = Console(stderr=self._stderr, highlight=False)
+            if not console.is_terminal:
+                console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=_UNBOUNDED)
+            self._console = console
         return getattr(self._console, name)
 
 
