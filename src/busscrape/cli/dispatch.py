@@ -69,6 +69,7 @@ def dispatch_cmd(
 ) -> None:
     import orjson
 
+    options.check_input(source)
     if fmt not in ("auto", "urls", "jsonl"):
         options.usage(f"--format must be auto, urls or jsonl, not {fmt!r}")
     s = settings(nats={"url": nats_url}, dispatch={

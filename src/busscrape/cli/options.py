@@ -40,6 +40,17 @@ def usage(message: str) -> NoReturn:
     raise typer.Exit(EXIT_CONFIG)
 
 
+def check_input(source: str) -> None:
+    """Exit 2 at once when INPUT cannot be read: before any connection, which may take seconds to fail."""
+    if source == "-":
+        return
+    try:
+        with open(source, "rb"):
+            pass
+    except OSError as exc:
+        usage(f"INPUT {source}: {exc.strerror or exc}")
+
+
 def csv(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 

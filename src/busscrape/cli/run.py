@@ -57,6 +57,7 @@ def run_cmd(
 ) -> None:
     from busscrape.ops.runner import RunOptions
 
+    options.check_input(source)
     base = settings()
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
                  archive={"dir": archive}, dispatch={"recrawl_after": recrawl_after},

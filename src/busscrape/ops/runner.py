@@ -36,6 +36,9 @@ from busscrape.status.tracker import Tracker
 
 log = structlog.get_logger("busscrape.run")
 
+# `run` was given a server: the generic "use `busscrape run`" would send the user where they are.
+RUN_HINT = ("Start that server or fix the URL (--nats-url, BUSSCRAPE_NATS__URL); without one, `busscrape run` "
+            "starts an embedded nats-server itself")
 LETTERS_TIMEOUT = 60.0  # seconds a finished run waits for its dead letters to reach the archive
 
 
@@ -119,7 +122,7 @@ class Runner:
                 stack.callback(server.stop)
                 settings = settings.with_overrides(nats={"url": server.url})
                 log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
-            bus = await stack.enter_async_context(await Bus.connect(settings, name="busscrape-run"))
+            bus = await stack.enter_async_context(await Bus.connect(settings, name="busscrape-run", hint=RUN_HINT))
             definitions = topology.load(settings)
             if embedded:
                 await provision.apply(bus.js, definitions)
