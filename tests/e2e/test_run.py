@@ -13,7 +13,7 @@ import pytest
 
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
-from busscrape.model.messages import ScrapeResult, decode
+from busscrape.model.messages import ScrapeResult, ScrapeTask, decode
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.status.records import StatusBoard
 from tests.conftest import make_settings
@@ -195,3 +195,39 @@ async def test_run_returns_only_once_every_dead_letter_it_counts_is_archived(tmp
                     proc.wait(60)
     assert runner.returncode == 0, output[-3000:]
     assert len(list(archive.glob("deadletter/dt=*/*.json"))) == 2  # there when `run` returned
+
+
+async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_an_attempt_record(tmp_path, site):
+    """SIGINT to `run` while a page hangs: the task is nak'ed (not left for ack_wait) and its
+    attempt is recorded as shutting_down, so the next run renders it at once."""
+    from busscrape.worker.attempts import AttemptLog
+
+    @site.route("/hang")
+    async def hang(_):  # never answers while the test runs
+        await asyncio.sleep(3600)
+
+    path = tmp_path / "urls.txt"
+    path.write_text(site.url("/hang") + "\n")
+    proc = cli(["run", str(path), "--workers", "1"], tmp_path, run_env(tmp_path, site))
+    for _ in range(1200):
+        if site.hits[(site.hosts[0], "/hang")] or proc.poll() is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert site.hits[(site.hosts[0], "/hang")], "the page was never requested"
+    proc.send_signal(signal.SIGINT)
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=120)
+    assert proc.returncode == 130, output[-3000:]
+    with EmbeddedNatsServer(tmp_path / "state" / "nats") as server:
+        settings = make_settings(tmp_path, server.url)
+        async with await Bus.connect(settings, name="inspect") as bus:
+            # Handed back: the next worker gets it now, not once ack_wait (1m) has passed.
+            sub = await bus.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
+            [msg] = await sub.fetch(1, timeout=20)
+            assert msg.metadata.num_delivered == 2
+            await msg.nak()
+            [task] = [decode(ScrapeTask, m.data) for m in await stream_messages(bus.js, names.TASKS_STREAM)]
+            seq = (await stream_messages(bus.js, names.TASKS_STREAM))[0].seq
+            [attempt] = await AttemptLog(bus.js).history(task.task_id, seq)
+            assert attempt.reason == "shutting_down" and attempt.retryable
+            latest, _ = await StatusBoard(bus.js).latest(task.task_id)
+            assert latest.state == "retrying" and latest.reason == "shutting_down"
