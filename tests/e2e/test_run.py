@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -197,11 +198,8 @@ async def test_run_returns_only_once_every_dead_letter_it_counts_is_archived(tmp
     assert len(list(archive.glob("deadletter/dt=*/*.json"))) == 2  # there when `run` returned
 
 
-async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_an_attempt_record(tmp_path, site):
-    """SIGINT to `run` while a page hangs: the task is nak'ed (not left for ack_wait) and its
-    attempt is recorded as shutting_down, so the next run renders it at once."""
-    from busscrape.worker.attempts import AttemptLog
-
+async def run_until_a_page_hangs(tmp_path, site) -> subprocess.Popen[str]:
+    """`busscrape run` on one page that never answers, once the worker is waiting on it."""
     @site.route("/hang")
     async def hang(_):  # never answers while the test runs
         await asyncio.sleep(3600)
@@ -214,6 +212,15 @@ async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_an_attempt_record
             break
         await asyncio.sleep(0.1)
     assert site.hits[(site.hosts[0], "/hang")], "the page was never requested"
+    return proc
+
+
+async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_an_attempt_record(tmp_path, site):
+    """SIGINT to `run` while a page hangs: the task is nak'ed (not left for ack_wait) and its
+    attempt is recorded as shutting_down, so the next run renders it at once."""
+    from busscrape.worker.attempts import AttemptLog
+
+    proc = await run_until_a_page_hangs(tmp_path, site)
     proc.send_signal(signal.SIGINT)
     output, _ = await asyncio.to_thread(proc.communicate, timeout=120)
     assert proc.returncode == 130, output[-3000:]
@@ -231,3 +238,70 @@ async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_an_attempt_record
             assert attempt.reason == "shutting_down" and attempt.retryable
             latest, _ = await StatusBoard(bus.js).latest(task.task_id)
             assert latest.state == "retrying" and latest.reason == "shutting_down"
+
+
+def pid_files(state: Path) -> dict[str, int]:
+    return {p.stem: json.loads(p.read_text())["pid"] for p in (state / "pids").glob("*.json")}
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """The direct children of ``pid``: their command lines."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+async def test_a_killed_run_takes_its_daemons_and_server_with_it(tmp_path, site):
+    proc = await run_until_a_page_hangs(tmp_path, site)
+    children = children_of(proc.pid)
+    assert len(children) == 3, children  # nats-server, worker-1, ingester-1
+    proc.send_signal(signal.SIGKILL)  # the run alone, not its children (they are in their own sessions)
+    proc.wait(10)
+    try:
+        for _ in range(600):
+            if not any(running(pid) for pid in children):
+                break
+            await asyncio.sleep(0.1)
+        assert [cmd for pid, cmd in children.items() if running(pid)] == []
+        assert set(pid_files(tmp_path / "state").values()) == set(children)  # what a later run would check
+    finally:
+        for pid in children:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_later_run_stops_what_an_earlier_one_left_running(tmp_path, site):
+    pages.install(site)
+    path = tmp_path / "urls.txt"
+    path.write_text(site.url("/slow?s=0&n=1") + "\n")
+    state = tmp_path / "state"
+    # A leftover: started by a "run" that is gone, and deaf to its parent's death.
+    gone = subprocess.Popen([sys.executable, "-c", """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+from busscrape.ops.lifeline import PidFiles
+from pathlib import Path
+PidFiles(Path(sys.argv[1])).record("worker-1", child.pid)
+""", str(state)])
+    assert gone.wait(30) == 0
+    [leftover] = pid_files(state).values()
+    assert running(leftover)
+    proc = cli(["run", str(path), "--workers", "1"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
+    assert proc.returncode == 0, output[-3000:]
+    assert not running(leftover)
+    assert pid_files(state) == {}  # and this run tidied its own

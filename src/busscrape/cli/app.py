@@ -87,6 +87,8 @@ def plain(value: object) -> Text:
 
 T = TypeVar("T")
 
+LIFELINE_HELP = "(internal) a pipe from `busscrape run`: stop when it closes."
+
 
 def settings(**sections: dict[str, Any]) -> Settings:
     """Settings from the environment with the given CLI flags on top; logging configured.
@@ -119,21 +121,25 @@ def invalid_settings(exc: Exception, flags: dict[str, str] | None = None) -> NoR
     raise typer.Exit(EXIT_CONFIG)
 
 
-async def serve(service: Any) -> Any:
+async def serve(service: Any, lifeline: int | None = None) -> Any:
     """Run a daemon until it stops: SIGTERM/SIGINT drain it, a second signal stops it now.
 
     When the service has telemetry and ``BUSSCRAPE_TELEMETRY__HTTP_PORT`` is set, its
-    ``/healthz``, ``/readyz`` and ``/metrics`` are served for as long as it runs.
+    ``/healthz``, ``/readyz`` and ``/metrics`` are served for as long as it runs. With a
+    ``lifeline`` (the pipe ``busscrape run`` holds, ``ops.lifeline``) it also stops when that closes:
+    its supervisor is gone.
     """
     import asyncio
     import contextlib
     import signal
 
+    from busscrape.ops import lifeline as lifelines
     from busscrape.telemetry.health import HealthServer
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
+    unwatch = lifelines.watch(lifeline, service.stop) if lifeline is not None else None
     telemetry = getattr(service, "telemetry", None)
     cfg = service.bus.settings.telemetry
     try:
@@ -148,6 +154,8 @@ async def serve(service: Any) -> Any:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if unwatch is not None:
+            unwatch()
         if telemetry is not None:
             telemetry.close()
 

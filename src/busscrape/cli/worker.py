@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import app, run, serve, settings
+from busscrape.cli.app import LIFELINE_HELP, app, run, serve, settings
 
 if TYPE_CHECKING:
     pass
@@ -22,6 +22,7 @@ def worker_cmd(
                                     help="Open a non-public address to pages (repeatable; adds to "
                                          "BUSSCRAPE_NETWORK__ALLOW)."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL."),
+    lifeline: int | None = typer.Option(None, "--lifeline", hidden=True, help=LIFELINE_HELP),
 ) -> None:
     """Render tasks from TASKS until stopped (SIGTERM drains, a second one exits now)."""
     from busscrape.bus import names, provision, topology
@@ -37,6 +38,6 @@ def worker_cmd(
         async with await Bus.connect(s, name=f"busscrape-worker-{s.worker.name}") as bus:
             await provision.require(bus.js, topology.load(s), names.WORKER_NEEDS)
             configure_tracing("worker")
-            await serve(Worker(bus, s, Telemetry("worker")))
+            await serve(Worker(bus, s, Telemetry("worker")), lifeline)
 
     run(go())

@@ -29,6 +29,7 @@ from busscrape.bus.retry import TRANSIENT
 from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
 from busscrape.dispatch.inputs import Rejection, Source, TaskDefaults
 from busscrape.model.messages import utcnow
+from busscrape.ops.lifeline import PidFiles
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.ops.supervisor import Daemons
 from busscrape.settings import Settings
@@ -40,6 +41,7 @@ log = structlog.get_logger("busscrape.run")
 RUN_HINT = ("Start that server or fix the URL (--nats-url, BUSSCRAPE_NATS__URL); without one, `busscrape run` "
             "starts an embedded nats-server itself")
 LETTERS_TIMEOUT = 60.0  # seconds a finished run waits for its dead letters to reach the archive
+NATS_PID = "nats-server"  # the embedded server's pid file
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Runner:
         self._stops = 0
         self._dispatcher: Dispatcher | None = None
         self.rejections: list[Rejection] = []
+        self.pids = PidFiles(settings.state_dir)
 
     def stop(self) -> None:
         self._stops += 1
@@ -116,9 +119,18 @@ class Runner:
         async with AsyncExitStack() as stack:
             settings = self.settings
             embedded = not settings.nats.url
+            if embedded or self.options.with_daemons:
+                # What a run that was killed left on this state dir (its run gone) goes first.
+                for name in await asyncio.to_thread(self.pids.stop_leftovers):
+                    log.warning("run.leftover_stopped", name=name)
             if embedded:
-                server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary)
-                await asyncio.to_thread(server.start)
+                server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary,
+                                            die_with_parent=True)
+                # Started from this (the loop's) thread: its parent-death signal follows the forking thread.
+                server.start()
+                assert server.process is not None
+                self.pids.record(NATS_PID, server.process.pid)
+                stack.callback(self.pids.remove, NATS_PID)
                 stack.callback(server.stop)
                 settings = settings.with_overrides(nats={"url": server.url})
                 log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
