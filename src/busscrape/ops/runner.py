@@ -27,7 +27,7 @@ from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
 from busscrape.bus.retry import TRANSIENT
 from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
-from busscrape.dispatch.inputs import Rejection, Source, TaskDefaults
+from busscrape.dispatch.inputs import InputFormat, Rejection, Source, TaskDefaults
 from busscrape.model.messages import utcnow
 from busscrape.ops.lifeline import PidFiles
 from busscrape.ops.nats_server import EmbeddedNatsServer
@@ -51,6 +51,9 @@ class RunOptions:
     with_daemons: bool = False
     defaults: TaskDefaults = field(default_factory=TaskDefaults)
     force: bool = False
+    fmt: InputFormat = "auto"
+    on_rejected: Callable[[Rejection], None] | None = None
+    """Called with each rejected input line (``--rejects`` writes them)."""
 
 
 @dataclass
@@ -168,16 +171,21 @@ class Runner:
             bus, settings, self.options.defaults, force=self.options.force,
             on_published=lambda task_id: tracker.expect(task_id, since),
             on_already_seen=tracker.expect_existing,
-            on_rejected=self.rejections.append,
+            on_rejected=self._rejected,
         )
         async with self._dispatcher as dispatcher:
             if self._stop.is_set():
                 dispatcher.stop()
-            dispatching = asyncio.create_task(dispatcher.dispatch(self.options.source))
+            dispatching = asyncio.create_task(dispatcher.dispatch(self.options.source, self.options.fmt))
             while not dispatching.done():
                 await asyncio.wait({dispatching}, timeout=0.5)
                 self._report(tracker, dispatcher.summary(), 0.0)
             return dispatching.result()
+
+    def _rejected(self, rejection: Rejection) -> None:
+        self.rejections.append(rejection)
+        if self.options.on_rejected is not None:
+            self.options.on_rejected(rejection)
 
     async def _letters_archived(self, bus: Bus, tracker: Tracker, timeout: float = LETTERS_TIMEOUT) -> int:
         """Wait until every dead letter is in the archive too (the ``dead`` record comes before the
