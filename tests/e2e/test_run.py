@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -305,3 +306,28 @@ PidFiles(Path(sys.argv[1])).record("worker-1", child.pid)
     assert proc.returncode == 0, output[-3000:]
     assert not running(leftover)
     assert pid_files(state) == {}  # and this run tidied its own
+
+
+async def test_the_hints_after_a_run_are_commands_that_work_on_its_state_dir(tmp_path, site):
+    """dlq, task, status and search on a finished embedded run: its server is gone, they reopen it."""
+    pages.install(site)
+    page, missing = site.url("/slow?s=0&n=hint"), site.url("/missing-hint")
+    path = tmp_path / "urls.txt"
+    path.write_text(f"{page}\n{missing}\n")
+    proc = cli(["run", str(path), "--workers", "1"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
+    assert proc.returncode == 0, output[-3000:]
+    hints = [line.split("#")[0].strip() for line in output.splitlines() if " busscrape " in f" {line.strip()}"]
+    assert {h.split("busscrape ")[1].split()[0] for h in hints} == {"status", "dlq", "task", "search"}, output
+    env = clean_env(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    for hint in hints:
+        command = hint.replace("URL", shlex.quote(page)).replace("WORD", "finally")
+        done = await asyncio.to_thread(subprocess.run, command, shell=True, cwd=tmp_path, env=env,
+                                       capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        if " dlq list" in command:
+            assert "http_404" in done.stdout and "missing-hint" in done.stdout
+        if " task " in command:
+            assert "archived" in done.stdout
+        if " search " in command:
+            assert "n=hint" in done.stdout

@@ -90,11 +90,13 @@ T = TypeVar("T")
 LIFELINE_HELP = "(internal) a pipe from `busscrape run`: stop when it closes."
 
 
-def settings(**sections: dict[str, Any]) -> Settings:
+def settings(*, state_nats: bool = False, **sections: dict[str, Any]) -> Settings:
     """Settings from the environment with the given CLI flags on top; logging configured.
 
     Invalid settings are exit 2 with one line per problem, naming the variable (or the flag) and
-    the value (``BUSSCRAPE_WORKER__CONCURRENCY='abc': not an integer``).
+    the value (``BUSSCRAPE_WORKER__CONCURRENCY='abc': not an integer``). With ``state_nats`` and
+    no NATS URL, the NATS of the state dir's last embedded run is reopened for the command
+    (``ops.state_dir``) and stopped when the command ends.
     """
     from busscrape.settings import Settings
     from busscrape.telemetry import logs
@@ -109,6 +111,25 @@ def settings(**sections: dict[str, Any]) -> Settings:
         invalid_settings(exc, flags={f"{section}.{name}": "--" + name.replace("_", "-")
                                      for section, values in sections.items() for name in values})
     logs.configure(result.telemetry.log_format, result.telemetry.log_level)
+    if state_nats:
+        result = _state_nats(result)
+    return result
+
+
+def _state_nats(s: Settings) -> Settings:
+    import atexit
+
+    from busscrape.ops.state_dir import reopen
+
+    try:
+        reopened = reopen(s)
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {safe(exc)}", soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    if reopened is None:
+        return s
+    result, stop = reopened
+    atexit.register(stop)  # however the command ends (typer.Exit is a SystemExit)
     return result
 
 

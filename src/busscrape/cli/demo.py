@@ -49,7 +49,7 @@ def demo_cmd(
         pretty = json.dumps(json.loads(meta.read_text()), indent=2)
         # Highlighted on a terminal; off one, the JSON as it is (Syntax pads every line to the width).
         out.print(Syntax(pretty, "json", word_wrap=True) if out.is_terminal else plain(pretty))
-    out.print(how_to_look(summary), soft_wrap=True)
+    out.print(how_to_look(summary, s), soft_wrap=True)
     raise typer.Exit(_verdict(summary))
 
 

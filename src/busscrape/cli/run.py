@@ -74,7 +74,7 @@ def run_cmd(
         sys.stdout.write(orjson.dumps(summary_dict(summary)).decode() + "\n")
     else:
         out.print(summary_table(summary))
-        out.print(how_to_look(summary), soft_wrap=True)
+        out.print(how_to_look(summary, s), soft_wrap=True)
     raise typer.Exit(exit_code(summary, task.strict))
 
 
@@ -178,7 +178,13 @@ def summary_table(summary: RunSummary) -> Table:
     return table
 
 
-def how_to_look(summary: RunSummary) -> str:
+def how_to_look(summary: RunSummary, s: Settings) -> str:
+    """Where the archive is, and commands that show what became of the tasks: each works as
+    printed, from this directory, once the run is over (an embedded run's NATS is reopened from
+    its state dir, ``ops.state_dir``)."""
+    import shlex
+    from pathlib import Path
+
     where = summary.archive
     lines = [f"archive: {where}"]
     if where.startswith("/"):
@@ -188,8 +194,19 @@ def how_to_look(summary: RunSummary) -> str:
             f"  duckdb -c \"select url, status, title from read_json_auto('{where}/dt=*/host=*/*/meta.json', "
             "hive_partitioning=true)\"",
         ]
+    env = []
+    if s.nats.url:
+        env.append(f"BUSSCRAPE_NATS__URL={shlex.quote(s.nats.url)}")
+    if s.state_dir != Path(".busscrape"):
+        env.append(f"BUSSCRAPE_STATE_DIR={shlex.quote(str(s.state_dir))}")
+    cmd = " ".join([*env, "busscrape"])
+    lines.append(f"  {cmd} status                    # streams, consumers, dead letters")
     if summary.dead:
-        lines.append("  busscrape dlq list                       # why each dead letter died (needs the same NATS)")
+        lines.append(f"  {cmd} dlq list                  # why each dead letter died")
+    if summary.tasks:
+        lines.append(f"  {cmd} task URL                  # every transition of one task")
+    if s.search.backend != "off" and summary.archived:
+        lines.append(f"  {cmd} search WORD               # full text of the archived pages")
     if summary.failed_daemons:
         lines.append("daemons that stopped for good: " + ", ".join(summary.failed_daemons))
     return "\n".join(lines)

@@ -45,7 +45,8 @@ def task_cmd(
 ) -> None:
     import orjson
 
-    s = settings(nats={"url": nats_url}, dispatch={"strip_tracking": strip_tracking, "sort_query": sort_query})
+    s = settings(nats={"url": nats_url}, dispatch={"strip_tracking": strip_tracking, "sort_query": sort_query},
+                 state_nats=True)
     task_id = resolve(task, s, spec)
     history = run(_read(s, task_id))
     if history is None:

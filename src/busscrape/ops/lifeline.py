@@ -116,6 +116,11 @@ def _started(pid: int) -> float | None:
     return 0.0
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie)."""
+    return _started(pid) is not None
+
+
 class PidFiles:
     """The processes one run started, under ``<state_dir>/pids``."""
 
