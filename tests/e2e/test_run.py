@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import shlex
@@ -141,8 +142,9 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
     from busscrape.bus import provision, topology
 
     path, urls = slow_urls
+    their_archive = tmp_path / "elsewhere"  # the daemons' archive, not the one `run` would use
     settings = make_settings(tmp_path, nats_server.url, network={"allow": [f"{h}/32" for h in site.hosts]},
-                             archive={"dir": str(tmp_path / "state" / "archive")})
+                             archive={"dir": str(their_archive)})
     async with await Bus.connect(settings, name="prep") as bus:
         for info in await bus.js.streams_info():
             await bus.js.delete_stream(info.config.name)
@@ -151,7 +153,8 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
     runner = cli(["run", str(path)], tmp_path, env)
     await asyncio.sleep(2)
     assert runner.poll() is None  # dispatched, waiting: nothing renders yet
-    elsewhere = [spawn([cmd], env_for(settings), tmp_path / f"{cmd}.log") for cmd in ("worker", "ingester")]
+    elsewhere = [spawn([cmd], env_for(settings, BUSSCRAPE_ARCHIVE__DIR=str(their_archive)), tmp_path / f"{cmd}.log")
+                 for cmd in ("worker", "ingester")]
     try:
         output, _ = await asyncio.to_thread(runner.communicate, timeout=240)
     finally:
@@ -159,7 +162,8 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
     assert runner.returncode == 0, output[-3000:]
-    assert len(metas(tmp_path / "state" / "archive")) == len(urls)
+    assert len(metas(their_archive)) == len(urls)
+    assert f"archive: {their_archive.resolve()}\n" in output  # where they archived, as their records say
 
 
 async def test_run_returns_only_once_every_dead_letter_it_counts_is_archived(tmp_path, site, nats_server):
@@ -308,6 +312,22 @@ PidFiles(Path(sys.argv[1])).record("worker-1", child.pid)
     assert pid_files(state) == {}  # and this run tidied its own
 
 
+async def test_the_text_of_a_page_keeps_the_gaps_between_its_links(tmp_path, site):
+    site.page("/nav", "<title>nav</title><style>a{margin-right:1rem}</style><nav><a href='/'>Home</a>"
+                      "<a href='/a'>Article</a><a href='/b'>Live feed</a></nav><p>Body<b>bold</b></p>")
+    path = tmp_path / "urls.txt"
+    path.write_text(site.url("/nav") + "\n")
+    proc = cli(["run", str(path), "--workers", "1", "--artifacts", "html,text"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
+    assert proc.returncode == 0, output[-3000:]
+    [text] = (tmp_path / "state" / "archive").glob("dt=*/host=*/*/page.txt.gz")
+    lines = gzip.decompress(text.read_bytes()).decode().splitlines()
+    assert "Home Article Live feed" in [line.strip() for line in lines]
+    assert "Bodybold" in [line.strip() for line in lines]  # no gap drawn there: none added
+    [html] = (tmp_path / "state" / "archive").glob("dt=*/host=*/*/page.html.gz")
+    assert "</a><a" in gzip.decompress(html.read_bytes()).decode()  # the HTML as the page had it
+
+
 async def test_the_hints_after_a_run_are_commands_that_work_on_its_state_dir(tmp_path, site):
     """dlq, task, status and search on a finished embedded run: its server is gone, they reopen it."""
     pages.install(site)
@@ -330,4 +350,10 @@ async def test_the_hints_after_a_run_are_commands_that_work_on_its_state_dir(tmp
         if " task " in command:
             assert "archived" in done.stdout
         if " search " in command:
-            assert "n=hint" in done.stdout
+            assert "n=hint" in done.stdout and "⟦finally⟧" in done.stdout  # marked, though piped
+    again = cli(["run", str(path), "--workers", "1"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(again.communicate, timeout=240)
+    assert again.returncode == 0, output[-3000:]
+    rows = {line.strip("│ ").split("│")[0].strip(): line for line in output.splitlines() if "│" in line}
+    assert "already seen (dispatched before)" in rows and "by an earlier run" in rows, output
+    assert "(0 archived by this run)" in output, output

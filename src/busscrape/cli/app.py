@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from busscrape.settings import Settings
 
 EPILOG = (
-    "Exit codes: 0 ok; 1 partial (rejected input under --strict, failed publishes, dead letters); "
-    "2 configuration (cannot connect, streams missing, bad settings); 3 credentials refused; "
-    "130 interrupted. Settings come from BUSSCRAPE_* variables (see `busscrape config`)."
+    "Exit codes: 0 ok; 1 partial or not found (rejected input under --strict, failed publishes, tasks "
+    "unfinished, no such task or letter); 2 configuration or usage (bad settings or flags, unreadable input, "
+    "cannot connect, streams missing, port taken); 3 credentials refused; 130 interrupted (the README's "
+    "exit-code table has every case). Settings come from BUSSCRAPE_* variables (see `busscrape config`)."
 )
 
 app = typer.Typer(
@@ -199,6 +200,20 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def version() -> None:
     """Print the busscrape version."""
     out.print(__version__)
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        out.print(__version__)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="Print the busscrape version and exit."),
+) -> None:
+    """An event-driven browser-scraping bus over NATS JetStream."""
 
 
 def main() -> None:

@@ -81,6 +81,7 @@ def run_cmd(
 def summary_dict(summary: RunSummary) -> dict[str, object]:
     """``run --json``: the summary as one JSON object."""
     return {"tasks": summary.tasks, "archived": summary.archived, "dead": summary.dead,
+            "earlier": dict(summary.earlier), "archived_now": summary.archived_now,
             "dead_by_reason": dict(summary.dead_reasons), "unfinished": summary.unfinished,
             "letters_unarchived": summary.letters_unarchived, "interrupted": summary.interrupted,
             "seconds": round(summary.seconds, 3), "archive": summary.archive, "failed_daemons": summary.failed_daemons,
@@ -164,17 +165,24 @@ def summary_table(summary: RunSummary) -> Table:
             table.add_row("  rejected", f"{d.invalid:,}", style="yellow")
         if d.duplicate_in_input:
             table.add_row("  duplicates in input", f"{d.duplicate_in_input:,}")
+        if d.already_seen:
+            table.add_row("  already seen (dispatched before)", f"{d.already_seen:,}")
     table.add_row("tasks", f"{summary.tasks:,}")
     table.add_row("archived", f"{summary.archived:,}", style="green")
+    if summary.earlier.get("archived"):
+        table.add_row("  by an earlier run", f"{summary.earlier['archived']:,}")
     table.add_row("dead-lettered", f"{summary.dead:,}", style="red" if summary.dead else None)
+    if summary.earlier.get("dead"):
+        table.add_row("  by an earlier run", f"{summary.earlier['dead']:,}")
     for reason, count in summary.dead_reasons.most_common():
         table.add_row(f"  {reason}", f"{count:,}")
     if summary.unfinished:
         table.add_row("unfinished", f"{summary.unfinished:,}", style="yellow")
     if summary.letters_unarchived:
         table.add_row("dead letters not yet archived", f"{summary.letters_unarchived:,}", style="yellow")
-    rate = summary.archived / summary.seconds if summary.seconds else 0
-    table.caption = f"{summary.seconds:.1f}s, {rate:.2f} pages/s"
+    rate = summary.archived_now / summary.seconds if summary.seconds else 0
+    table.caption = f"{summary.seconds:.1f}s, {rate:.2f} pages/s" + (
+        f" ({summary.archived_now:,} archived by this run)" if summary.earlier.get("archived") else "")
     return table
 
 

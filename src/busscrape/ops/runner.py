@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -70,6 +71,14 @@ class RunSummary:
     """Where each archived task of this run is (folder URIs)."""
     letters_unarchived: int = 0
     """Dead letters still waiting to be copied into the archive when the run gave up waiting."""
+    earlier: Counter[str] = field(default_factory=Counter)
+    """Outcomes among ``outcomes`` recorded before this run began (a re-run of the same input
+    finds its tasks already seen, and most of them already archived)."""
+
+    @property
+    def archived_now(self) -> int:
+        """Tasks this run archived (what its rate counts)."""
+        return self.archived - self.earlier.get("archived", 0)
 
     @property
     def archived(self) -> int:
@@ -90,6 +99,18 @@ class RunSummary:
 
 
 Progress = Callable[[Counter[str], DispatchSummary | None, float], None]
+
+
+_FOLDER = re.compile(r"/dt=[^/]+/host=[^/]+/[^/]+/?$")
+
+
+def archive_root(locations: list[str]) -> str:
+    """The archive the ingesters wrote to, from the folders they recorded (``file:///a/dt=…/host=…/id``
+    → ``/a``); a placeholder when none was recorded (nothing archived yet)."""
+    roots = sorted({_FOLDER.sub("", loc).removeprefix("file://") for loc in locations if _FOLDER.search(loc)})
+    if not roots:
+        return "(where the ingesters archive: nothing was archived in this run)"
+    return ", ".join(roots)
 
 
 class Runner:
@@ -118,7 +139,7 @@ class Runner:
         return str((s.archive_dir() / s.archive.prefix).resolve())
 
     async def run(self) -> RunSummary:
-        started = time.monotonic()
+        started, began = time.monotonic(), utcnow()
         async with AsyncExitStack() as stack:
             settings = self.settings
             embedded = not settings.nats.url
@@ -159,11 +180,15 @@ class Runner:
                 await daemons.stop(grace=(0.5 if self._stops > 1 else 5.0) if self._stop.is_set() else 10.0)
             counts = tracker.counts()
             reasons = Counter(s.reason or "unknown" for s in tracker.final.values() if s.state == "dead")
+            locations = sorted(s.archive for s in tracker.final.values() if s.archive)
+            earlier = Counter(s.state for s in tracker.final.values() if s.at < began)
+            # Daemons elsewhere archive where *they* are configured: say what their records say.
+            archive = self.archive_location() if daemons is not None else archive_root(locations)
             return RunSummary(dispatch=summary, tasks=len(tracker.expected), outcomes=counts, dead_reasons=reasons,
-                              seconds=time.monotonic() - started, archive=self.archive_location(),
+                              seconds=time.monotonic() - started, archive=archive,
                               interrupted=self._stop.is_set(),
                               failed_daemons=daemons.failed() if daemons else [], letters_unarchived=unfiled,
-                              locations=sorted(s.archive for s in tracker.final.values() if s.archive))
+                              locations=locations, earlier=earlier)
 
     async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
         since = utcnow()
