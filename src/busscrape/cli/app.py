@@ -104,7 +104,7 @@ def settings(*, state_nats: bool = False, **sections: dict[str, Any]) -> Setting
 
     try:
         base = Settings()
-    except ValueError as exc:  # pydantic's ValidationError and pydantic-settings' SettingsError are
+    except ValueError as exc:  # pydantic's ValidationError and pydantic-settings' SettingsError both
         invalid_settings(exc)
     try:
         result = base.with_overrides(**sections) if sections else base
