@@ -50,5 +50,5 @@ def reopen(settings: Settings) -> tuple[Settings, Callable[[], None]] | None:
     server = EmbeddedNatsServer(store, binary=settings.nats.server_binary, die_with_parent=True,
                                 name="busscrape-state")
     server.start()
-    log.info("state.nats_started", store=str(store), url=server.url)
+    log.debug("state.nats_started", store=str(store), url=server.url)
     return settings.with_overrides(nats={"url": server.url}), server.stop
