@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,7 +16,7 @@ import pytest
 
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
-from busscrape.model.messages import ScrapeResult, decode
+from busscrape.model.messages import ScrapeResult, ScrapeTask, decode
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.status.records import StatusBoard
 from tests.conftest import make_settings
@@ -148,8 +151,9 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
     from busscrape.bus import provision, topology
 
     path, urls = slow_urls
+    their_archive = tmp_path / "elsewhere"  # the daemons' archive, not the one `run` would use
     settings = make_settings(tmp_path, nats_server.url, network={"allow": [f"{h}/32" for h in site.hosts]},
-                             archive={"dir": str(tmp_path / "state" / "archive")})
+                             archive={"dir": str(their_archive)})
     async with await Bus.connect(settings, name="prep") as bus:
         for info in await bus.js.streams_info():
             await bus.js.delete_stream(info.config.name)
@@ -158,7 +162,8 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
     runner = cli(["run", str(path)], tmp_path, env)
     await asyncio.sleep(2)
     assert runner.poll() is None  # dispatched, waiting: nothing renders yet
-    elsewhere = [spawn([cmd], env_for(settings), tmp_path / f"{cmd}.log") for cmd in ("worker", "ingester")]
+    elsewhere = [spawn([cmd], env_for(settings, BUSSCRAPE_ARCHIVE__DIR=str(their_archive)), tmp_path / f"{cmd}.log")
+                 for cmd in ("worker", "ingester")]
     try:
         output, _ = await asyncio.to_thread(runner.communicate, timeout=240)
     finally:
@@ -166,7 +171,8 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
     assert runner.returncode == 0, output[-3000:]
-    assert len(metas(tmp_path / "state" / "archive")) == len(urls)
+    assert len(metas(their_archive)) == len(urls)
+    assert f"archive: {their_archive.resolve()}\n" in output  # where they archived, as their records say
 
 
 async def test_run_returns_only_once_every_dead_letter_it_counts_is_archived(tmp_path, site, nats_server):
@@ -204,3 +210,159 @@ async def test_run_returns_only_once_every_dead_letter_it_counts_is_archived(tmp
                     proc.wait(60)
     assert runner.returncode == 0, output[-3000:]
     assert len(list(archive.glob("deadletter/dt=*/*.json"))) == 2  # there when `run` returned
+
+
+async def run_until_a_page_hangs(tmp_path, site) -> subprocess.Popen[str]:
+    """`busscrape run` on one page that never answers, once the worker is waiting on it."""
+    @site.route("/hang")
+    async def hang(_):  # never answers while the test runs
+        await asyncio.sleep(3600)
+
+    path = tmp_path / "urls.txt"
+    path.write_text(site.url("/hang") + "\n")
+    proc = cli(["run", str(path), "--workers", "1"], tmp_path, run_env(tmp_path, site))
+    for _ in range(1200):
+        if site.hits[(site.hosts[0], "/hang")] or proc.poll() is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert site.hits[(site.hosts[0], "/hang")], "the page was never requested"
+    return proc
+
+
+async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_an_attempt_record(tmp_path, site):
+    """SIGINT to `run` while a page hangs: the task is nak'ed (not left for ack_wait) and its
+    attempt is recorded as shutting_down, so the next run renders it at once."""
+    from busscrape.worker.attempts import AttemptLog
+
+    proc = await run_until_a_page_hangs(tmp_path, site)
+    proc.send_signal(signal.SIGINT)
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=120)
+    assert proc.returncode == 130, output[-3000:]
+    with EmbeddedNatsServer(tmp_path / "state" / "nats") as server:
+        settings = make_settings(tmp_path, server.url)
+        async with await Bus.connect(settings, name="inspect") as bus:
+            # Handed back: the next worker gets it now, not once ack_wait (1m) has passed.
+            sub = await bus.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
+            [msg] = await sub.fetch(1, timeout=20)
+            assert msg.metadata.num_delivered == 2
+            await msg.nak()
+            [task] = [decode(ScrapeTask, m.data) for m in await stream_messages(bus.js, names.TASKS_STREAM)]
+            seq = (await stream_messages(bus.js, names.TASKS_STREAM))[0].seq
+            [attempt] = await AttemptLog(bus.js).history(task.task_id, seq)
+            assert attempt.reason == "shutting_down" and attempt.retryable
+            latest, _ = await StatusBoard(bus.js).latest(task.task_id)
+            assert latest.state == "retrying" and latest.reason == "shutting_down"
+
+
+def pid_files(state: Path) -> dict[str, int]:
+    return {p.stem: json.loads(p.read_text())["pid"] for p in (state / "pids").glob("*.json")}
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """The direct children of ``pid``: their command lines."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+async def test_a_killed_run_takes_its_daemons_and_server_with_it(tmp_path, site):
+    proc = await run_until_a_page_hangs(tmp_path, site)
+    children = children_of(proc.pid)
+    assert len(children) == 3, children  # nats-server, worker-1, ingester-1
+    proc.send_signal(signal.SIGKILL)  # the run alone, not its children (they are in their own sessions)
+    proc.wait(10)
+    try:
+        for _ in range(600):
+            if not any(running(pid) for pid in children):
+                break
+            await asyncio.sleep(0.1)
+        assert [cmd for pid, cmd in children.items() if running(pid)] == []
+        assert set(pid_files(tmp_path / "state").values()) == set(children)  # what a later run would check
+    finally:
+        for pid in children:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_later_run_stops_what_an_earlier_one_left_running(tmp_path, site):
+    pages.install(site)
+    path = tmp_path / "urls.txt"
+    path.write_text(site.url("/slow?s=0&n=1") + "\n")
+    state = tmp_path / "state"
+    # A leftover: started by a "run" that is gone, and deaf to its parent's death.
+    gone = subprocess.Popen([sys.executable, "-c", """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+from busscrape.ops.lifeline import PidFiles
+from pathlib import Path
+PidFiles(Path(sys.argv[1])).record("worker-1", child.pid)
+""", str(state)])
+    assert gone.wait(30) == 0
+    [leftover] = pid_files(state).values()
+    assert running(leftover)
+    proc = cli(["run", str(path), "--workers", "1"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
+    assert proc.returncode == 0, output[-3000:]
+    assert not running(leftover)
+    assert pid_files(state) == {}  # and this run tidied its own
+
+
+async def test_the_text_of_a_page_keeps_the_gaps_between_its_links(tmp_path, site):
+    site.page("/nav", "<title>nav</title><style>a{margin-right:1rem}</style><nav><a href='/'>Home</a>"
+                      "<a href='/a'>Article</a><a href='/b'>Live feed</a></nav><p>Body<b>bold</b></p>")
+    path = tmp_path / "urls.txt"
+    path.write_text(site.url("/nav") + "\n")
+    proc = cli(["run", str(path), "--workers", "1", "--artifacts", "html,text"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
+    assert proc.returncode == 0, output[-3000:]
+    [text] = (tmp_path / "state" / "archive").glob("dt=*/host=*/*/page.txt.gz")
+    lines = gzip.decompress(text.read_bytes()).decode().splitlines()
+    assert "Home Article Live feed" in [line.strip() for line in lines]
+    assert "Bodybold" in [line.strip() for line in lines]  # no gap drawn there: none added
+    [html] = (tmp_path / "state" / "archive").glob("dt=*/host=*/*/page.html.gz")
+    assert "</a><a" in gzip.decompress(html.read_bytes()).decode()  # the HTML as the page had it
+
+
+async def test_the_hints_after_a_run_are_commands_that_work_on_its_state_dir(tmp_path, site):
+    """dlq, task, status and search on a finished embedded run: its server is gone, they reopen it."""
+    pages.install(site)
+    page, missing = site.url("/slow?s=0&n=hint"), site.url("/missing-hint")
+    path = tmp_path / "urls.txt"
+    path.write_text(f"{page}\n{missing}\n")
+    proc = cli(["run", str(path), "--workers", "1"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
+    assert proc.returncode == 0, output[-3000:]
+    hints = [line.split("#")[0].strip() for line in output.splitlines() if " busscrape " in f" {line.strip()}"]
+    assert {h.split("busscrape ")[1].split()[0] for h in hints} == {"status", "dlq", "task", "search"}, output
+    env = clean_env(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    for hint in hints:
+        command = hint.replace("URL", shlex.quote(page)).replace("WORD", "finally")
+        done = await asyncio.to_thread(subprocess.run, command, shell=True, cwd=tmp_path, env=env,
+                                       capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        if " dlq list" in command:
+            assert "http_404" in done.stdout and "missing-hint" in done.stdout
+        if " task " in command:
+            assert "archived" in done.stdout
+        if " search " in command:
+            assert "n=hint" in done.stdout and "⟦finally⟧" in done.stdout  # marked, though piped
+    again = cli(["run", str(path), "--workers", "1"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(again.communicate, timeout=240)
+    assert again.returncode == 0, output[-3000:]
+    rows = {line.strip("│ ").split("│")[0].strip(): line for line in output.splitlines() if "│" in line}
+    assert "already seen (dispatched before)" in rows and "by an earlier run" in rows, output
+    assert "(0 archived by this run)" in output, output

@@ -83,7 +83,9 @@ def reply(model: BaseModel, status: int = 200, headers: dict[str, str] | None = 
 
 def failure(status: int, reason: str, message: str, **extra: Any) -> web.Response:
     body = ErrorBody(error=ErrorDetail(reason=reason, message=message), tasks=extra.get("tasks"))
-    return reply(body, status, extra.get("headers"))
+    # `tasks` only where there are some (POST /tasks), not as null in every other error.
+    return web.Response(body=orjson.dumps(body.model_dump(mode="json", exclude_none=True)), status=status,
+                        content_type="application/json", headers=extra.get("headers"))
 
 
 class ApiServer:
@@ -262,7 +264,7 @@ class ApiServer:
         except TRANSIENT as exc:
             raise ApiError(503, "bus_unavailable", f"cannot read STATUS or SEEN: {exc!r}") from None
         if found is None:
-            raise ApiError(404, "task_not_found", f"no task {task_id} ({asked}) is queued or remembered")
+            raise ApiError(404, "not_found", f"no task {task_id} ({asked}) is queued or remembered")
         return found
 
     # -- search -------------------------------------------------------------------------------

@@ -161,6 +161,11 @@ def _valid_seed(nkeys: Any, seed: bytes, *, prefix: bytes) -> bool:
     return True
 
 
+# What to do when no server answers, unless the command knows better (`busscrape run` does).
+NO_SERVER_HINT = ("Start a server, fix BUSSCRAPE_NATS__URL, or leave it unset and use `busscrape run`, which "
+                  "starts an embedded one")
+
+
 def connect_options(cfg: NatsSettings) -> dict[str, Any]:
     """nats-py connect options from the settings (credentials only from settings/files)."""
     _check_credential_files(cfg)
@@ -206,8 +211,10 @@ class Bus:
         name: str,
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
         on_reconnect: Callable[[], Awaitable[None]] | None = None,
+        hint: str = NO_SERVER_HINT,
     ) -> Bus:
-        """Connect, or raise ``NatsUnavailable`` / ``AuthenticationFailed`` with the fix."""
+        """Connect, or raise ``NatsUnavailable`` / ``AuthenticationFailed`` with the fix (``hint``
+        ends the message when no server answers: what the command at hand can do about it)."""
         cfg = settings.nats
         opts = connect_options(cfg)
         # A refusal (credentials, client certificate) or a server we cannot verify ends the first
@@ -244,7 +251,9 @@ class Bus:
             nc.connect(name=name, error_cb=error_cb, disconnected_cb=disconnected_cb,
                        reconnected_cb=reconnected_cb, **opts)
         )
-        budget = max(cfg.connect_timeout, 1.0) * 2
+        # The whole first connection, refused attempts retried inside it, takes connect_timeout:
+        # what the setting says, and what the message then says.
+        budget = max(cfg.connect_timeout, 0.1)
         done, _ = await asyncio.wait({attempt, first_error}, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
         servers = redact_text(", ".join(opts["servers"]))
         if attempt not in done or attempt.exception() is not None:
@@ -256,7 +265,7 @@ class Bus:
             )
             if cause is None and last_error:
                 cause = last_error[0]
-            raise _connect_failure(cfg, servers, cause, budget)
+            raise _connect_failure(cfg, servers, cause, budget, hint)
         connected = True
         js = nc.jetstream(timeout=cfg.request_timeout)
         bus = cls(nc, js, settings)
@@ -279,7 +288,7 @@ class Bus:
 
 
 def _connect_failure(cfg: NatsSettings, servers: str, cause: BaseException | None,
-                     budget: float) -> ConfigurationError:
+                     budget: float, hint: str = NO_SERVER_HINT) -> ConfigurationError:
     """The error that says why the first connection failed and which setting fixes it."""
     kind = _tls_failure(cause) if cause is not None else None
     if cause is not None and _is_auth_error(cause):
@@ -313,8 +322,7 @@ def _connect_failure(cfg: NatsSettings, servers: str, cause: BaseException | Non
         )
     detail = f"{redact_text(str(cause)) or type(cause).__name__}; " if cause is not None else ""
     return NatsUnavailable(
-        f"cannot connect to NATS at {servers} ({detail}no connection within {budget:.0f}s). Start a server, fix "
-        "BUSSCRAPE_NATS__URL, or leave it unset and use `busscrape run`, which starts an embedded one"
+        f"cannot connect to NATS at {servers} ({detail}no connection within {budget:g}s). {hint}"
     )
 
 

@@ -48,6 +48,11 @@ from busscrape.telemetry.metrics import Telemetry
 log = structlog.get_logger("busscrape.service")
 
 CRASH_DELAY = 5.0  # seconds before a message whose handler crashed is redelivered
+# A nak without a delay lives only in the server's memory (its redelivery queue): a server that
+# restarts before it redelivers, like the embedded one `busscrape run` stops on Ctrl-C, would hold
+# the message until ack_wait ran out. A nak with a delay rewrites the delivery's time in the
+# consumer's stored state, so the message is due at once, restart or not.
+HAND_BACK_DELAY = 0.001
 
 
 class PullService(ABC):
@@ -339,7 +344,7 @@ class PullService(ABC):
                 self._fetching.discard(me)
             for msg in msgs:
                 if self._stopping.is_set() or (self.max_items is not None and self._taken >= self.max_items):
-                    await quietly(msg.nak())  # fetched as we were stopping: hand it straight back
+                    await hand_back(msg)  # fetched as we were stopping: hand it straight back
                     continue
                 self._taken += 1
                 self._last_activity = time.monotonic()
@@ -363,7 +368,7 @@ class PullService(ABC):
         except asyncio.CancelledError:
             # Stopping: hand the message back at once so another process takes it.
             self.count("released")
-            await quietly(msg.nak())
+            await hand_back(msg)
             raise
         except Exception as exc:
             self.count("crashed")
@@ -385,9 +390,14 @@ class PullService(ABC):
             if msg.headers and msg.headers.get("Status"):
                 continue
             if msg.reply:
-                await quietly(msg.nak())
+                await hand_back(msg)
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def hand_back(msg: Msg) -> None:
+    """Return ``msg`` to the queue for another process now (on the way out)."""
+    await quietly(msg.nak(delay=HAND_BACK_DELAY))
 
 
 async def quietly(awaitable: Any) -> None:

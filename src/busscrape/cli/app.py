@@ -8,12 +8,12 @@ load no settings, no NATS client and no browser (``bench/cli_startup.py`` measur
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
 from busscrape import __version__
-from busscrape.errors import EXIT_INTERRUPTED, ConfigurationError
+from busscrape.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigurationError
 from busscrape.printable import visible
 
 if TYPE_CHECKING:
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from busscrape.settings import Settings
 
 EPILOG = (
-    "Exit codes: 0 ok; 1 partial (rejected input under --strict, failed publishes, dead letters); "
-    "2 configuration (cannot connect, streams missing, bad settings); 3 credentials refused; "
-    "130 interrupted. Settings come from BUSSCRAPE_* variables (see `busscrape config`)."
+    "Exit codes: 0 ok; 1 partial or not found (rejected input under --strict, failed publishes, tasks "
+    "unfinished, no such task or letter); 2 configuration or usage (bad settings or flags, unreadable input, "
+    "cannot connect, streams missing, port taken); 3 credentials refused; 130 interrupted (the README's "
+    "exit-code table has every case). Settings come from BUSSCRAPE_* variables (see `busscrape config`)."
 )
 
 app = typer.Typer(
@@ -39,8 +40,17 @@ app = typer.Typer(
 )
 
 
+# Off a terminal (a pipe, a file, a CI log) lines are as long as they are: rich would otherwise
+# wrap at 80 columns, split paths mid-hash and cut table cells with "…".
+_UNBOUNDED = 1_000_000
+
+
 class _Lazy:
-    """A rich ``Console`` made on first use (rich costs a tenth of a second to import)."""
+    """A rich ``Console`` made on first use (rich costs a tenth of a second to import).
+
+    On a terminal it wraps and fits tables to the window; off one it never wraps, truncates or
+    pads: ``soft_wrap`` and a width no line reaches.
+    """
 
     def __init__(self, stderr: bool) -> None:
         self._stderr = stderr
@@ -50,7 +60,10 @@ class _Lazy:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=self._stderr, highlight=False)
+            console = Console(stderr=self._stderr, highlight=False)
+            if not console.is_terminal:
+                console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=_UNBOUNDED)
+            self._console = console
         return getattr(self._console, name)
 
 
@@ -75,49 +88,96 @@ def plain(value: object) -> Text:
 
 T = TypeVar("T")
 
+LIFELINE_HELP = "(internal) a pipe from `busscrape run`: stop when it closes."
 
-def settings(**sections: dict[str, Any]) -> Settings:
-    """Settings from the environment with the given CLI flags on top; logging configured."""
+
+def settings(*, state_nats: bool = False, **sections: dict[str, Any]) -> Settings:
+    """Settings from the environment with the given CLI flags on top; logging configured.
+
+    Invalid settings are exit 2 with one line per problem, naming the variable (or the flag) and
+    the value (``BUSSCRAPE_WORKER__CONCURRENCY='abc': not an integer``). With ``state_nats`` and
+    no NATS URL, the NATS of the state dir's last embedded run is reopened for the command
+    (``ops.state_dir``) and stopped when the command ends.
+    """
     from busscrape.settings import Settings
     from busscrape.telemetry import logs
 
     try:
         base = Settings()
+    except ValueError as exc:  # pydantic's ValidationError and pydantic-settings' SettingsError both
+        invalid_settings(exc)
+    try:
         result = base.with_overrides(**sections) if sections else base
-    except ValueError as exc:  # pydantic ValidationError is a ValueError
-        err.print(f"[red]error:[/] invalid settings: {safe(exc)}")
-        raise typer.Exit(2) from None
+    except ValueError as exc:
+        invalid_settings(exc, flags={f"{section}.{name}": "--" + name.replace("_", "-")
+                                     for section, values in sections.items() for name in values})
     logs.configure(result.telemetry.log_format, result.telemetry.log_level)
+    if state_nats:
+        result = _state_nats(result)
     return result
 
 
-async def serve(service: Any) -> Any:
+def _state_nats(s: Settings) -> Settings:
+    import atexit
+
+    from busscrape.ops.state_dir import reopen
+
+    try:
+        reopened = reopen(s)
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {safe(exc)}", soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    if reopened is None:
+        return s
+    result, stop = reopened
+    atexit.register(stop)  # however the command ends (typer.Exit is a SystemExit)
+    return result
+
+
+def invalid_settings(exc: Exception, flags: dict[str, str] | None = None) -> NoReturn:
+    """Exit 2 with what is wrong with the settings, one line per problem."""
+    from busscrape.settings.problems import describe
+
+    for line in describe(exc, flags=flags):
+        err.print(f"[red]error:[/] {safe(line)}", soft_wrap=True)
+    raise typer.Exit(EXIT_CONFIG)
+
+
+async def serve(service: Any, lifeline: int | None = None) -> Any:
     """Run a daemon until it stops: SIGTERM/SIGINT drain it, a second signal stops it now.
 
     When the service has telemetry and ``BUSSCRAPE_TELEMETRY__HTTP_PORT`` is set, its
-    ``/healthz``, ``/readyz`` and ``/metrics`` are served for as long as it runs.
+    ``/healthz``, ``/readyz`` and ``/metrics`` are served for as long as it runs. With a
+    ``lifeline`` (the pipe ``busscrape run`` holds, ``ops.lifeline``) it also stops when that closes:
+    its supervisor is gone.
     """
     import asyncio
     import contextlib
     import signal
 
+    from busscrape.ops import lifeline as lifelines
     from busscrape.telemetry.health import HealthServer
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
+    unwatch = lifelines.watch(lifeline, service.stop) if lifeline is not None else None
     telemetry = getattr(service, "telemetry", None)
     cfg = service.bus.settings.telemetry
     try:
         async with contextlib.AsyncExitStack() as stack:
             if telemetry is not None and cfg.http_port is not None:
+                # Only the default port gives way to another daemon on this host; one the operator chose does not.
                 await stack.enter_async_context(
-                    HealthServer(cfg.http_host, cfg.http_port, checks=service.checks, telemetry=telemetry))
+                    HealthServer(cfg.http_host, cfg.http_port, checks=service.checks, telemetry=telemetry,
+                                 fallback="http_port" not in cfg.model_fields_set))
             async with service:
                 return await service.run()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if unwatch is not None:
+            unwatch()
         if telemetry is not None:
             telemetry.close()
 
@@ -140,6 +200,20 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def version() -> None:
     """Print the busscrape version."""
     out.print(__version__)
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        out.print(__version__)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="Print the busscrape version and exit."),
+) -> None:
+    """An event-driven browser-scraping bus over NATS JetStream."""
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."
             section = getattr(Settings.model_fields[name].annotation, "model_fields", {})
             for sub, subfield in section.items():
                 table.add_row(f"BUSSCRAPE_{name.upper()}__{sub.upper()}", _short(value[sub]),
-                              (subfield.description or "").split("\n")[0])
+                              " ".join((subfield.description or "").split()))
         else:
             table.add_row(f"BUSSCRAPE_{name.upper()}", _short(value), field.description or "")
     out.print(table)
@@ -46,4 +46,5 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 
 def _short(value: Any) -> str:
     text = str(value)
-    return text if len(text) <= 40 else text[:39] + "…"
+    # Shortened only for a reader at a terminal: a pipe gets the whole value.
+    return text if len(text) <= 40 or not out.is_terminal else text[:39] + "…"

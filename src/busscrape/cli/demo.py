@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.app import app, err, out, plain, run, settings
 from busscrape.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
 
 if TYPE_CHECKING:
@@ -48,8 +48,10 @@ def demo_cmd(
     meta = _one_meta(summary, origin)
     if meta is not None:
         out.print(f"\n[bold]{meta}[/]")
-        out.print(Syntax(json.dumps(json.loads(meta.read_text()), indent=2), "json", word_wrap=True))
-    out.print(how_to_look(summary), soft_wrap=True)
+        pretty = json.dumps(json.loads(meta.read_text()), indent=2)
+        # Highlighted on a terminal; off one, the JSON as it is (Syntax pads every line to the width).
+        out.print(Syntax(pretty, "json", word_wrap=True) if out.is_terminal else plain(pretty))
+    out.print(how_to_look(summary, s), soft_wrap=True)
     raise typer.Exit(_verdict(summary))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import typer
@@ -35,60 +34,29 @@ defaults of every JSONL line. A URL dispatched within --recrawl-after is skipped
 
 
 @app.command("dispatch", help=HELP)
+@options.task_options
 def dispatch_cmd(
     source: str = typer.Argument(..., metavar="INPUT", help="URL list, .jsonl task specs, or - for stdin."),
-    fmt: str = typer.Option("auto", "--format", help="auto (by file name: *.jsonl is JSONL), urls or jsonl."),
-    steps: str | None = typer.Option(None, "--steps", help="JSON array of steps for every task, or @FILE."),
-    artifacts: str | None = typer.Option(None, "--artifacts", help="Comma list of html,screenshot,har,text."),
-    label: list[str] = typer.Option([], "--label", metavar="K=V", help="A label on every task. Repeatable."),
-    screenshot_format: str | None = typer.Option(None, "--screenshot-format", help="png or jpeg."),
-    jpeg_quality: int | None = typer.Option(None, "--jpeg-quality", help="1-100, with jpeg screenshots."),
-    full_page: bool | None = typer.Option(None, "--full-page/--no-full-page", help="Whole-page screenshot."),
-    har_content: str | None = typer.Option(None, "--har-content", help="omit or embed response bodies."),
-    wait_until: str | None = typer.Option(None, "--wait-until", help="load, domcontentloaded, networkidle, commit."),
-    timeout: str | None = typer.Option(None, "--timeout", help="Navigation timeout of every task (30s, 1m)."),
-    viewport: str | None = typer.Option(None, "--viewport", metavar="WxH", help="Viewport, e.g. 1280x800."),
-    block: str | None = typer.Option(None, "--block", help="Comma list of image,media,font,stylesheet."),
-    user_agent: str | None = typer.Option(None, "--user-agent", help="User-Agent of every task."),
-    header: list[str] = typer.Option([], "--header", metavar="'NAME: VALUE'", help="Request header. Repeatable."),
-    extractor: str | None = typer.Option(None, "--extractor", metavar="NAME", help="Extractor every task runs "
-                                         "(extractors/NAME.toml)."),
-    recrawl_after: str | None = typer.Option(None, "--recrawl-after", help="Skip URLs dispatched within this "
-                                             "(default BUSSCRAPE_DISPATCH__RECRAWL_AFTER, 7d)."),
-    force: bool = typer.Option(False, "--force", help="Queue every URL even if it was seen within --recrawl-after."),
-    strip_tracking: bool | None = typer.Option(None, "--strip-tracking/--keep-tracking",
-                                               help="Drop utm_*, fbclid … before de-duplication."),
-    sort_query: bool | None = typer.Option(None, "--sort-query/--keep-query-order", help="Sort query parameters."),
-    max_url_length: int | None = typer.Option(None, "--max-url-length", help="Reject longer URLs."),
-    window: int | None = typer.Option(None, "--window", help="Publishes in flight before waiting for PubAcks."),
-    rejects: Path | None = typer.Option(None, "--rejects", metavar="FILE", help="Also write rejected lines "
-                                        "here, as JSONL."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 1 if any line was rejected."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Live progress bar (default: "
                                          "on a terminal)."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
+    *,
+    task: options.TaskFlags,
 ) -> None:
     import orjson
 
-    if fmt not in ("auto", "urls", "jsonl"):
-        options.usage(f"--format must be auto, urls or jsonl, not {fmt!r}")
-    s = settings(nats={"url": nats_url}, dispatch={
-        "recrawl_after": recrawl_after, "strip_tracking": strip_tracking, "sort_query": sort_query,
-        "max_url_length": max_url_length, "window": window,
-    })
-    defaults = options.task_defaults(
-        steps=steps, artifacts=artifacts, label=label, screenshot_format=screenshot_format, jpeg_quality=jpeg_quality,
-        full_page=full_page, har_content=har_content, wait_until=wait_until, timeout=timeout, viewport=viewport,
-        block=block, user_agent=user_agent, header=header, extractor=extractor)
+    options.check_input(source)
+    task.check()
+    s = settings(nats={"url": nats_url}, dispatch=task.dispatch_settings())
+    defaults = task.defaults()
     show_progress = err.is_terminal if progress is None else progress
-    with _rejects_file(rejects) as rejects_out:
-        summary = run(_dispatch(s, defaults, source, fmt, force, rejects_out, show_progress))
-    if as_json:
+    with task.rejects_file() as rejects_out:
+        summary = run(_dispatch(s, defaults, source, task.fmt, task.force, rejects_out, show_progress))
+    if task.as_json:
         sys.stdout.write(orjson.dumps(summary.as_dict()).decode() + "\n")
     else:
         out.print(_table(summary))
-    raise typer.Exit(summary.exit_code(strict))
+    raise typer.Exit(summary.exit_code(task.strict))
 
 
 async def _dispatch(s: Settings, defaults: TaskDefaults, source: str, fmt: Any, force: bool,
@@ -184,16 +152,3 @@ def _table(summary: DispatchSummary) -> Table:
         table.add_row("unconfirmed", f"{summary.unconfirmed:,}", style="yellow")
     table.caption = f"{summary.seconds:.1f}s, {summary.read / max(summary.seconds, 1e-6):,.0f} lines/s"
     return table
-
-
-@contextlib.contextmanager
-def _rejects_file(path: Path | None) -> Iterator[IO[bytes] | None]:
-    if path is None:
-        yield None
-        return
-    try:
-        handle = open(path, "wb")  # closed by the with below
-    except OSError as exc:
-        options.usage(f"--rejects {path}: {exc.strerror or exc}")
-    with handle:
-        yield handle

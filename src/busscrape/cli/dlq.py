@@ -88,7 +88,7 @@ def list_cmd(reason: list[str] = REASON, host: list[str] = HOST, stage: list[str
     from busscrape.model.messages import utcnow
 
     flt = _filter(reason, host, stage, older_than, newer_than, limit)
-    s = settings(nats={"url": nats_url})
+    s = settings(nats={"url": nats_url}, state_nats=True)
 
     async def go() -> list[Entry]:
         rows: list[Entry] = []
@@ -123,7 +123,7 @@ def show_cmd(seq: int = typer.Argument(..., metavar="SEQ", help="The letter's DE
     from busscrape.deadletters.queue import LetterFilter
     from busscrape.model.messages import utcnow
 
-    s = settings(nats={"url": nats_url})
+    s = settings(nats={"url": nats_url}, state_nats=True)
     [(_, entry)] = run(_selected(s, [seq], LetterFilter()))
     if entry is None:
         err.print(f"[red]error:[/] no dead letter at seq {seq} (replayed, purged, or past the stream's max age)")
@@ -197,7 +197,7 @@ def replay_cmd(seqs: list[int] | None = SEQS, reason: list[str] = REASON, host: 
     flt = _filter(reason, host, stage, older_than, newer_than, limit)
     if not (seqs or flt.narrows or all_letters):
         usage(NOTHING_SELECTED)
-    s = settings(nats={"url": nats_url})
+    s = settings(nats={"url": nats_url}, state_nats=True)
 
     async def go() -> list[Outcome]:
         outcomes = []
@@ -231,7 +231,7 @@ def purge_cmd(seqs: list[int] | None = SEQS, reason: list[str] = REASON, host: l
     flt = _filter(reason, host, stage, older_than, newer_than, limit)
     if not (seqs or flt.narrows or all_letters):
         usage(NOTHING_SELECTED)
-    s = settings(nats={"url": nats_url})
+    s = settings(nats={"url": nats_url}, state_nats=True)
     # Select, ask, then delete: the question waits outside the event loop and the NATS connection.
     selected = run(_selected(s, seqs or [], flt))
     entries = [e for _, e in selected if e is not None]

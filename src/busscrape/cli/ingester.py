@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import app, run, serve, settings
+from busscrape.cli.app import LIFELINE_HELP, app, run, serve, settings
 from busscrape.errors import EXIT_OK, EXIT_PARTIAL
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ def ingester_cmd(
     archive: str | None = typer.Option(None, "--archive", metavar="DIR",
                                        help="Archive into this local folder (or file:// URL), even when S3 is set."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
+    lifeline: int | None = typer.Option(None, "--lifeline", hidden=True, help=LIFELINE_HELP),
 ) -> None:
     """Archive every result from RESULTS into S3 (or a local folder), and every dead letter.
 
@@ -35,7 +36,7 @@ def ingester_cmd(
 
     s = settings(nats={"url": nats_url}, archive={"dir": _folder(archive)},
                  ingester={"concurrency": concurrency, "max_results": max_results, "exit_when_idle": exit_when_idle})
-    counters = run(ingest(s, archive_dir=_folder(archive)))
+    counters = run(ingest(s, archive_dir=_folder(archive), lifeline=lifeline))
     structlog.get_logger("busscrape.cli").info("ingester.summary", **dict(sorted(counters.items())))
     bounded = max_results is not None or exit_when_idle is not None
     gave_up = counters["dead_lettered"] + counters["malformed"]
@@ -46,7 +47,7 @@ def _folder(archive: str | None) -> Path | None:
     return Path(archive.removeprefix("file://")) if archive else None
 
 
-async def ingest(s: Settings, *, archive_dir: Path | None = None) -> Counter[str]:
+async def ingest(s: Settings, *, archive_dir: Path | None = None, lifeline: int | None = None) -> Counter[str]:
     """Connect, open the storage (checked and created at start), run an ingester until it stops."""
     import structlog
 
@@ -60,4 +61,4 @@ async def ingest(s: Settings, *, archive_dir: Path | None = None) -> Counter[str
         structlog.get_logger("busscrape.cli").info("ingester.archive", storage=storage.url, prefix=s.archive.prefix,
                                                    compress=s.archive.compress)
         configure_tracing("ingester")
-        return await serve(Ingester(bus, storage, s, Telemetry("ingester")))
+        return await serve(Ingester(bus, storage, s, Telemetry("ingester")), lifeline)

@@ -1,9 +1,20 @@
-"""Parsing of the task options shared by ``busscrape dispatch`` and ``busscrape run``."""
+"""The task options every command that queues tasks takes (``dispatch``, ``run``, and the ones to
+come), defined once, and their parsing.
+
+``TASK_OPTIONS`` is the one list of those flags. A command decorated with ``@task_options`` gets
+them all and receives their values as one ``TaskFlags`` (its ``task`` parameter): adding an entry
+there (then using ``task.<name>`` where it takes effect) adds the flag to every such command.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from types import SimpleNamespace
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -14,6 +25,97 @@ if TYPE_CHECKING:
     from busscrape.dispatch.inputs import TaskDefaults
     from busscrape.model.messages import TaskOptions
     from busscrape.model.steps import Step
+
+
+class TaskFlags(SimpleNamespace):
+    """What the shared task options were given as, one attribute per entry of ``TASK_OPTIONS``
+    (None: not given, the settings decide)."""
+
+    def check(self) -> None:
+        """Exit 2 for what can be refused before anything starts."""
+        if self.fmt not in ("auto", "urls", "jsonl"):
+            usage(f"--format must be auto, urls or jsonl, not {self.fmt!r}")
+
+    def dispatch_settings(self) -> dict[str, Any]:
+        """The ``dispatch`` settings section these flags override."""
+        return {"recrawl_after": self.recrawl_after, "strip_tracking": self.strip_tracking,
+                "sort_query": self.sort_query, "max_url_length": self.max_url_length, "window": self.window}
+
+    def defaults(self) -> TaskDefaults:
+        """The task defaults they describe (exit 2 with the reason when invalid)."""
+        return task_defaults(
+            steps=self.steps, artifacts=self.artifacts, label=self.label, screenshot_format=self.screenshot_format,
+            jpeg_quality=self.jpeg_quality, full_page=self.full_page, har_content=self.har_content,
+            wait_until=self.wait_until, timeout=self.timeout, viewport=self.viewport, block=self.block,
+            user_agent=self.user_agent, header=self.header, extractor=self.extractor)
+
+    @contextlib.contextmanager
+    def rejects_file(self) -> Iterator[IO[bytes] | None]:
+        """``--rejects FILE`` opened for writing (exit 2 when it cannot be), or None."""
+        if self.rejects is None:
+            yield None
+            return
+        try:
+            handle = open(self.rejects, "wb")  # closed by the with below
+        except OSError as exc:
+            usage(f"--rejects {self.rejects}: {exc.strerror or exc}")
+        with handle:
+            yield handle
+
+
+# (TaskFlags field, annotation, typer option): the flags, in the order --help lists them.
+TASK_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("fmt", str, typer.Option("auto", "--format", help="auto (by file name: *.jsonl is JSONL), urls or jsonl.")),
+    ("steps", str | None, typer.Option(None, "--steps", help="JSON array of steps for every task, or @FILE.")),
+    ("artifacts", str | None, typer.Option(None, "--artifacts", help="Comma list of html,screenshot,har,text.")),
+    ("label", list[str], typer.Option([], "--label", metavar="K=V", help="A label on every task. Repeatable.")),
+    ("screenshot_format", str | None, typer.Option(None, "--screenshot-format", help="png or jpeg.")),
+    ("jpeg_quality", int | None, typer.Option(None, "--jpeg-quality", help="1-100, with jpeg screenshots.")),
+    ("full_page", bool | None, typer.Option(None, "--full-page/--no-full-page", help="Whole-page screenshot.")),
+    ("har_content", str | None, typer.Option(None, "--har-content", help="omit or embed response bodies.")),
+    ("wait_until", str | None, typer.Option(None, "--wait-until",
+                                            help="load, domcontentloaded, networkidle, commit.")),
+    ("timeout", str | None, typer.Option(None, "--timeout", help="Navigation timeout of every task (30s, 1m).")),
+    ("viewport", str | None, typer.Option(None, "--viewport", metavar="WxH", help="Viewport, e.g. 1280x800.")),
+    ("block", str | None, typer.Option(None, "--block", help="Comma list of image,media,font,stylesheet.")),
+    ("user_agent", str | None, typer.Option(None, "--user-agent", help="User-Agent of every task.")),
+    ("header", list[str], typer.Option([], "--header", metavar="'NAME: VALUE'",
+                                       help="Request header. Repeatable.")),
+    ("extractor", str | None, typer.Option(None, "--extractor", metavar="NAME",
+                                           help="Extractor every task runs (extractors/NAME.toml).")),
+    ("recrawl_after", str | None, typer.Option(None, "--recrawl-after", help="Skip URLs dispatched within this "
+                                               "(default BUSSCRAPE_DISPATCH__RECRAWL_AFTER, 7d).")),
+    ("force", bool, typer.Option(False, "--force", help="Queue every URL even if it was seen within "
+                                 "--recrawl-after.")),
+    ("strip_tracking", bool | None, typer.Option(None, "--strip-tracking/--keep-tracking",
+                                                 help="Drop utm_*, fbclid … before de-duplication.")),
+    ("sort_query", bool | None, typer.Option(None, "--sort-query/--keep-query-order", help="Sort query parameters.")),
+    ("max_url_length", int | None, typer.Option(None, "--max-url-length", help="Reject longer URLs.")),
+    ("window", int | None, typer.Option(None, "--window", help="Publishes in flight before waiting for PubAcks.")),
+    ("rejects", Path | None, typer.Option(None, "--rejects", metavar="FILE",
+                                          help="Also write rejected lines here, as JSONL.")),
+    ("strict", bool, typer.Option(False, "--strict", help="Exit 1 if any line was rejected.")),
+    ("as_json", bool, typer.Option(False, "--json", help="Print the summary as one JSON object.")),
+]
+
+
+def task_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``command`` every flag of ``TASK_OPTIONS``; it receives them as ``task: TaskFlags``.
+
+    Typer reads a command's parameters from its signature, so the wrapper's signature is the
+    command's own (without ``task``) followed by the shared flags.
+    """
+    own = [p for p in inspect.signature(command).parameters.values() if p.name != "task"]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+              for name, annotation, option in TASK_OPTIONS]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        flags = TaskFlags(**{name: kwargs.pop(name) for name, _, _ in TASK_OPTIONS})
+        return command(task=flags, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+    return wrapper
 
 
 def task_defaults(*, steps: str | None = None, artifacts: str | None = None, label: list[str] | None = None,
@@ -37,8 +139,19 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
 
 
 def usage(message: str) -> NoReturn:
-    err.print(f"[red]error:[/] {safe(message)}")
+    err.print(f"[red]error:[/] {safe(message)}", soft_wrap=True)
     raise typer.Exit(EXIT_CONFIG)
+
+
+def check_input(source: str) -> None:
+    """Exit 2 at once when INPUT cannot be read: before any connection, which may take seconds to fail."""
+    if source == "-":
+        return
+    try:
+        with open(source, "rb"):
+            pass
+    except OSError as exc:
+        usage(f"INPUT {source}: {exc.strerror or exc}")
 
 
 def csv(value: str | None) -> list[str] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from busscrape.dispatch.dispatcher import DispatchSummary
+    from busscrape.dispatch.inputs import Rejection
     from busscrape.ops.runner import RunOptions, RunSummary
     from busscrape.settings import Settings
 
@@ -35,6 +37,7 @@ publishes failed, or tasks left unfinished; 2 configuration; 130 interrupted.
 
 
 @app.command("run", help=HELP)
+@options.task_options
 def run_cmd(
     source: str = typer.Argument(..., metavar="INPUT", help="URL list, .jsonl task specs, or - for stdin."),
     workers: int | None = typer.Option(None, "--workers", "-w", help="Worker processes (default: cores / 2)."),
@@ -43,36 +46,46 @@ def run_cmd(
     with_daemons: bool = typer.Option(False, "--with-daemons", help="With a NATS URL: run local daemons too."),
     allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
                                     help="Open a non-public address to pages (repeatable)."),
-    steps: str | None = typer.Option(None, "--steps", help="JSON array of steps for every task, or @FILE."),
-    artifacts: str | None = typer.Option(None, "--artifacts", help="Comma list of html,screenshot,har,text."),
-    label: list[str] = typer.Option([], "--label", metavar="K=V", help="A label on every task. Repeatable."),
-    screenshot_format: str | None = typer.Option(None, "--screenshot-format", help="png or jpeg."),
-    full_page: bool | None = typer.Option(None, "--full-page/--no-full-page", help="Whole-page screenshot."),
-    har_content: str | None = typer.Option(None, "--har-content", help="omit or embed response bodies."),
-    timeout: str | None = typer.Option(None, "--timeout", help="Navigation timeout of every task (30s, 1m)."),
-    extractor: str | None = typer.Option(None, "--extractor", metavar="NAME", help="Extractor every task runs "
-                                         "(extractors/NAME.toml)."),
-    recrawl_after: str | None = typer.Option(None, "--recrawl-after", help="Skip URLs dispatched within this."),
-    force: bool = typer.Option(False, "--force", help="Queue every URL even if seen within --recrawl-after."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 1 if any input line was rejected."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
+    *,
+    task: options.TaskFlags,
 ) -> None:
+    import orjson
+
     from busscrape.ops.runner import RunOptions
 
+    options.check_input(source)
+    task.check()
     base = settings()
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
-                 archive={"dir": archive}, dispatch={"recrawl_after": recrawl_after},
+                 archive={"dir": archive}, dispatch=task.dispatch_settings(),
                  network={"allow": [*base.network.allow, *allow]})
-    defaults = options.task_defaults(steps=steps, artifacts=artifacts, label=label,
-                                     screenshot_format=screenshot_format, full_page=full_page,
-                                     har_content=har_content, timeout=timeout, extractor=extractor)
-    opts = RunOptions(source=source, defaults=defaults, force=force, with_daemons=with_daemons)
-    if workers:
-        opts.workers = workers
-    summary = run(execute(s, opts))
-    out.print(summary_table(summary))
-    out.print(how_to_look(summary), soft_wrap=True)
-    raise typer.Exit(exit_code(summary, strict))
+    with task.rejects_file() as rejects_out:
+        def rejected(rejection: Rejection) -> None:
+            if rejects_out is not None:
+                rejects_out.write(orjson.dumps(rejection.as_dict()) + b"\n")
+
+        opts = RunOptions(source=source, defaults=task.defaults(), force=task.force, with_daemons=with_daemons,
+                          fmt=task.fmt, on_rejected=rejected)  # type: ignore[arg-type]
+        if workers:
+            opts.workers = workers
+        summary = run(execute(s, opts))
+    if task.as_json:
+        sys.stdout.write(orjson.dumps(summary_dict(summary)).decode() + "\n")
+    else:
+        out.print(summary_table(summary))
+        out.print(how_to_look(summary, s), soft_wrap=True)
+    raise typer.Exit(exit_code(summary, task.strict))
+
+
+def summary_dict(summary: RunSummary) -> dict[str, object]:
+    """``run --json``: the summary as one JSON object."""
+    return {"tasks": summary.tasks, "archived": summary.archived, "dead": summary.dead,
+            "earlier": dict(summary.earlier), "archived_now": summary.archived_now,
+            "dead_by_reason": dict(summary.dead_reasons), "unfinished": summary.unfinished,
+            "letters_unarchived": summary.letters_unarchived, "interrupted": summary.interrupted,
+            "seconds": round(summary.seconds, 3), "archive": summary.archive, "failed_daemons": summary.failed_daemons,
+            "dispatch": summary.dispatch.as_dict() if summary.dispatch is not None else None}
 
 
 def quiet_logs() -> str | None:
@@ -152,21 +165,34 @@ def summary_table(summary: RunSummary) -> Table:
             table.add_row("  rejected", f"{d.invalid:,}", style="yellow")
         if d.duplicate_in_input:
             table.add_row("  duplicates in input", f"{d.duplicate_in_input:,}")
+        if d.already_seen:
+            table.add_row("  already seen (dispatched before)", f"{d.already_seen:,}")
     table.add_row("tasks", f"{summary.tasks:,}")
     table.add_row("archived", f"{summary.archived:,}", style="green")
+    if summary.earlier.get("archived"):
+        table.add_row("  by an earlier run", f"{summary.earlier['archived']:,}")
     table.add_row("dead-lettered", f"{summary.dead:,}", style="red" if summary.dead else None)
+    if summary.earlier.get("dead"):
+        table.add_row("  by an earlier run", f"{summary.earlier['dead']:,}")
     for reason, count in summary.dead_reasons.most_common():
         table.add_row(f"  {reason}", f"{count:,}")
     if summary.unfinished:
         table.add_row("unfinished", f"{summary.unfinished:,}", style="yellow")
     if summary.letters_unarchived:
         table.add_row("dead letters not yet archived", f"{summary.letters_unarchived:,}", style="yellow")
-    rate = summary.archived / summary.seconds if summary.seconds else 0
-    table.caption = f"{summary.seconds:.1f}s, {rate:.2f} pages/s"
+    rate = summary.archived_now / summary.seconds if summary.seconds else 0
+    table.caption = f"{summary.seconds:.1f}s, {rate:.2f} pages/s" + (
+        f" ({summary.archived_now:,} archived by this run)" if summary.earlier.get("archived") else "")
     return table
 
 
-def how_to_look(summary: RunSummary) -> str:
+def how_to_look(summary: RunSummary, s: Settings) -> str:
+    """Where the archive is, and commands that show what became of the tasks: each works as
+    printed, from this directory, once the run is over (an embedded run's NATS is reopened from
+    its state dir, ``ops.state_dir``)."""
+    import shlex
+    from pathlib import Path
+
     where = summary.archive
     lines = [f"archive: {where}"]
     if where.startswith("/"):
@@ -176,8 +202,19 @@ def how_to_look(summary: RunSummary) -> str:
             f"  duckdb -c \"select url, status, title from read_json_auto('{where}/dt=*/host=*/*/meta.json', "
             "hive_partitioning=true)\"",
         ]
+    env = []
+    if s.nats.url:
+        env.append(f"BUSSCRAPE_NATS__URL={shlex.quote(s.nats.url)}")
+    if s.state_dir != Path(".busscrape"):
+        env.append(f"BUSSCRAPE_STATE_DIR={shlex.quote(str(s.state_dir))}")
+    cmd = " ".join([*env, "busscrape"])
+    lines.append(f"  {cmd} status                    # streams, consumers, dead letters")
     if summary.dead:
-        lines.append("  busscrape dlq list                       # why each dead letter died (needs the same NATS)")
+        lines.append(f"  {cmd} dlq list                  # why each dead letter died")
+    if summary.tasks:
+        lines.append(f"  {cmd} task URL                  # every transition of one task")
+    if s.search.backend != "off" and summary.archived:
+        lines.append(f"  {cmd} search WORD               # full text of the archived pages")
     if summary.failed_daemons:
         lines.append("daemons that stopped for good: " + ", ".join(summary.failed_daemons))
     return "\n".join(lines)

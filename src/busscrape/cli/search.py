@@ -56,8 +56,13 @@ def search_cmd(
     from busscrape.search.index import InvalidQuery, SearchQuery, SearchUnavailable, parse_since
 
     s = settings()
+    if archive and not reindex_all:
+        usage("--archive goes with --reindex")
     if reindex_all:
-        count = run(_reindex(s, Path(archive) if archive else None))
+        source = Path(archive) if archive else None
+        if source is not None and not source.is_dir():
+            usage(f"--archive {archive}: no such folder")
+        count = run(_reindex(s, source))
         out.print(f"indexed {count:,} archived page(s)")
         raise typer.Exit(EXIT_OK)
     if query is None:
@@ -105,7 +110,7 @@ def render(rank: int, hit: SearchHit) -> Group:
                           (f"  {hit.score:.3g}", "dim"))
     where = Text.assemble(("   ", ""), (plain(hit.url).plain, "cyan"))
     when = Text(f"   {hit.scraped_at:%Y-%m-%d %H:%M} UTC · {plain(hit.archive_key).plain}", style="dim")
-    lines = [title, where, when, highlighted(hit.snippet)]
+    lines = [title, where, when, highlighted(hit.snippet, bold=out.is_terminal)]
     if hit.record is not None:
         import orjson
 
@@ -114,14 +119,17 @@ def render(rank: int, hit: SearchHit) -> Group:
     return Group(*lines, Text(""))
 
 
-def highlighted(snippet: str) -> Text:
-    """The snippet with each ⟦match⟧ shown in bold yellow, without the brackets."""
+def highlighted(snippet: str, *, bold: bool = True) -> Text:
+    """The snippet with each ⟦match⟧ shown in bold yellow, without the brackets; off a terminal
+    (no bold there) the brackets stay."""
     from rich.text import Text
 
     from busscrape.search.index import MARK_END, MARK_START
 
     text = Text("   ")
     rest = " ".join(snippet.split())
+    if not bold:
+        return text.append(rest)
     while MARK_START in rest:
         before, _, after = rest.partition(MARK_START)
         match, _, rest = after.partition(MARK_END)

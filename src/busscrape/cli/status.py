@@ -51,7 +51,7 @@ def status_cmd(
         every = max(parse_duration(interval), 0.2)
     except ValueError as exc:
         usage(f"--interval: {exc}")
-    s = settings(nats={"url": nats_url, "monitor_url": monitor_url})
+    s = settings(nats={"url": nats_url, "monitor_url": monitor_url}, state_nats=True)
     raise typer.Exit(run(_status(s, watch=watch, every=every, as_json=as_json)))
 
 

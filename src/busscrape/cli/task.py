@@ -45,7 +45,8 @@ def task_cmd(
 ) -> None:
     import orjson
 
-    s = settings(nats={"url": nats_url}, dispatch={"strip_tracking": strip_tracking, "sort_query": sort_query})
+    s = settings(nats={"url": nats_url}, dispatch={"strip_tracking": strip_tracking, "sort_query": sort_query},
+                 state_nats=True)
     task_id = resolve(task, s, spec)
     history = run(_read(s, task_id))
     if history is None:
@@ -79,9 +80,25 @@ def resolve(task: str, s: Settings, spec: str | None) -> str:
     try:
         return task_id_for_url(task, s, extra)
     except InputError as exc:
+        if spec is not None:  # the URL, the spec or both: blame what is wrong
+            url_problem = _url_problem(task, s)
+            if url_problem is None:
+                usage(f"--spec: {exc.message}")
+            exc = url_problem
         err.print(f"[red]error:[/] {safe(repr(task))} is not a task id, and dispatch would reject it as a URL: "
                   f"{safe(exc.reason)}: {safe(exc.message)}")
         raise typer.Exit(EXIT_CONFIG) from None
+
+
+def _url_problem(task: str, s: Settings) -> InputError | None:
+    """Why dispatch would reject TASK as a URL with the default options (None: it would not)."""
+    from busscrape.dispatch.identity import task_id_for_url
+
+    try:
+        task_id_for_url(task, s)
+    except InputError as exc:
+        return exc
+    return None
 
 
 async def _read(s: Settings, task_id: str) -> TaskHistory | None:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import app, run, serve, settings
+from busscrape.cli.app import LIFELINE_HELP, app, run, serve, settings
 
 if TYPE_CHECKING:
     pass
@@ -22,17 +22,16 @@ def worker_cmd(
                                     help="Open a non-public address to pages (repeatable; adds to "
                                          "BUSSCRAPE_NETWORK__ALLOW)."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL."),
+    lifeline: int | None = typer.Option(None, "--lifeline", hidden=True, help=LIFELINE_HELP),
 ) -> None:
     """Render tasks from TASKS until stopped (SIGTERM drains, a second one exits now)."""
     from busscrape.bus import names, provision, topology
     from busscrape.bus.connection import Bus
     from busscrape.telemetry.metrics import Telemetry, configure_tracing
-    from busscrape.units import parse_duration
     from busscrape.worker.daemon import Worker
 
-    idle = parse_duration(exit_when_idle) if exit_when_idle else None
     base = settings()
-    s = settings(worker={"concurrency": concurrency, "max_tasks": max_tasks, "exit_when_idle": idle},
+    s = settings(worker={"concurrency": concurrency, "max_tasks": max_tasks, "exit_when_idle": exit_when_idle},
                  nats={"url": nats_url}, network={"allow": [*base.network.allow, *allow]})
 
     async def go() -> None:
@@ -42,6 +41,6 @@ def worker_cmd(
         async with await Bus.connect(s, name=f"busscrape-worker-{s.worker.name}") as bus:
             await provision.require(bus.js, topology.load(s), names.WORKER_NEEDS)
             configure_tracing("worker")
-            await serve(Worker(bus, s, Telemetry("worker")))
+            await serve(Worker(bus, s, Telemetry("worker")), lifeline)
 
     run(go())

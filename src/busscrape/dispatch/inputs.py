@@ -95,13 +95,14 @@ def preview(text: str | bytes) -> str:
     return visible(text[:TEXT_PREVIEW]) + ("…" if len(text) > TEXT_PREVIEW else "")
 
 
-def detect_format(source: Source, requested: InputFormat = "auto") -> Literal["urls", "jsonl"]:
-    """``jsonl`` for ``*.jsonl`` / ``*.ndjson`` (gzipped or not), else a URL list."""
+def detect_format(source: Source, requested: InputFormat = "auto") -> InputFormat:
+    """``jsonl`` for ``*.jsonl`` / ``*.ndjson`` (gzipped or not); for any other name (and stdin)
+    ``auto``: the parser decides on the first line (``LineParser``)."""
     if requested != "auto":
         return requested
     if isinstance(source, str | os.PathLike) and str(source).lower().endswith(_JSONL_SUFFIXES):
         return "jsonl"
-    return "urls"
+    return "auto"
 
 
 class _SpecLine(BaseModel):
@@ -117,8 +118,10 @@ class _SpecLine(BaseModel):
 class LineParser:
     """Turns one raw line into a ``TaskSpec``, a ``Rejection``, or None (blank or comment)."""
 
-    def __init__(self, fmt: Literal["urls", "jsonl"], defaults: TaskDefaults) -> None:
+    def __init__(self, fmt: InputFormat, defaults: TaskDefaults) -> None:
         self.format = fmt
+        """``auto`` until the first line that is not blank or a comment: JSONL when it opens with
+        ``{`` (no URL does), else a URL list (``zcat specs.jsonl.gz | busscrape dispatch -``)."""
         self.defaults = defaults
         self._option_defaults = defaults.options.model_dump()
 
@@ -134,6 +137,8 @@ class LineParser:
         text = text.strip()
         if not text or text.startswith("#"):
             return None
+        if self.format == "auto":
+            self.format = "jsonl" if text.startswith("{") else "urls"
         if self.format == "urls":
             d = self.defaults
             return TaskSpec(number, text, d.steps, d.options, d.labels)

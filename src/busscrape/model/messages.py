@@ -299,8 +299,8 @@ def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:
     """``url: Field required; options.viewport.width: Input should be …`` (first few errors)."""
     parts = []
     for err in exc.errors()[:limit]:
-        where = ".".join(str(p) for p in err["loc"]) or "(message)"
-        parts.append(f"{where}: {err['msg']}")
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{where}: {err['msg']}" if where else err["msg"])  # no place: the whole input is wrong
     more = exc.error_count() - limit
     if more > 0:
         parts.append(f"… and {more} more")

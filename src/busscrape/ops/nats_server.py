@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from busscrape.errors import BinaryNotFound, ConfigurationError
+from busscrape.ops import lifeline
 
 MIN_VERSION = (2, 11)  # per-message TTL (SEEN's recrawl window) arrived in 2.11
 
@@ -75,6 +76,7 @@ class EmbeddedNatsServer:
         name: str = "busscrape-embedded",
         port: int | None = None,
         extra_args: tuple[str, ...] = (),
+        die_with_parent: bool = False,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.binary = find_binary(binary)
@@ -85,6 +87,9 @@ class EmbeddedNatsServer:
         self.name = name
         self.extra_args = extra_args
         """More nats-server flags (a local cluster's ``--cluster``, ``--routes`` …)."""
+        self.die_with_parent = die_with_parent
+        """Ask for SIGTERM when the process that started it dies (``busscrape run``'s server;
+        see ``ops.lifeline``: start it from the event loop's thread then)."""
         self.port: int | None = port
         self.monitor_port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
@@ -128,7 +133,8 @@ class EmbeddedNatsServer:
             args += ["-c", str(self.config_file)]
         log = open(self.log_file, "ab")
         try:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=lifeline.die_with_parent() if self.die_with_parent else None)
         finally:
             log.close()
         self._wait_ready(ports_dir)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,8 +28,9 @@ from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
 from busscrape.bus.retry import TRANSIENT
 from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
-from busscrape.dispatch.inputs import Rejection, Source, TaskDefaults
+from busscrape.dispatch.inputs import InputFormat, Rejection, Source, TaskDefaults
 from busscrape.model.messages import utcnow
+from busscrape.ops.lifeline import PidFiles
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.ops.supervisor import Daemons
 from busscrape.settings import Settings
@@ -36,7 +38,11 @@ from busscrape.status.tracker import Tracker
 
 log = structlog.get_logger("busscrape.run")
 
+# `run` was given a server: the generic "use `busscrape run`" would send the user where they are.
+RUN_HINT = ("Start that server or fix the URL (--nats-url, BUSSCRAPE_NATS__URL); without one, `busscrape run` "
+            "starts an embedded nats-server itself")
 LETTERS_TIMEOUT = 60.0  # seconds a finished run waits for its dead letters to reach the archive
+NATS_PID = "nats-server"  # the embedded server's pid file
 
 
 @dataclass
@@ -46,6 +52,9 @@ class RunOptions:
     with_daemons: bool = False
     defaults: TaskDefaults = field(default_factory=TaskDefaults)
     force: bool = False
+    fmt: InputFormat = "auto"
+    on_rejected: Callable[[Rejection], None] | None = None
+    """Called with each rejected input line (``--rejects`` writes them)."""
 
 
 @dataclass
@@ -62,6 +71,14 @@ class RunSummary:
     """Where each archived task of this run is (folder URIs)."""
     letters_unarchived: int = 0
     """Dead letters still waiting to be copied into the archive when the run gave up waiting."""
+    earlier: Counter[str] = field(default_factory=Counter)
+    """Outcomes among ``outcomes`` recorded before this run began (a re-run of the same input
+    finds its tasks already seen, and most of them already archived)."""
+
+    @property
+    def archived_now(self) -> int:
+        """Tasks this run archived (what its rate counts)."""
+        return self.archived - self.earlier.get("archived", 0)
 
     @property
     def archived(self) -> int:
@@ -84,6 +101,18 @@ class RunSummary:
 Progress = Callable[[Counter[str], DispatchSummary | None, float], None]
 
 
+_FOLDER = re.compile(r"/dt=[^/]+/host=[^/]+/[^/]+/?$")
+
+
+def archive_root(locations: list[str]) -> str:
+    """The archive the ingesters wrote to, from the folders they recorded (``file:///a/dt=…/host=…/id``
+    → ``/a``); a placeholder when none was recorded (nothing archived yet)."""
+    roots = sorted({_FOLDER.sub("", loc).removeprefix("file://") for loc in locations if _FOLDER.search(loc)})
+    if not roots:
+        return "(where the ingesters archive: nothing was archived in this run)"
+    return ", ".join(roots)
+
+
 class Runner:
     """One run. ``stop()`` once ends it gracefully (second call: at once)."""
 
@@ -95,6 +124,7 @@ class Runner:
         self._stops = 0
         self._dispatcher: Dispatcher | None = None
         self.rejections: list[Rejection] = []
+        self.pids = PidFiles(settings.state_dir)
 
     def stop(self) -> None:
         self._stops += 1
@@ -109,7 +139,7 @@ class Runner:
         return str((s.archive_dir() / s.archive.prefix).resolve())
 
     async def run(self) -> RunSummary:
-        started = time.monotonic()
+        started, began = time.monotonic(), utcnow()
         from busscrape.extract.registry import Registry
 
         # Before anything starts: an invalid extractor file would stop every worker it starts.
@@ -117,13 +147,22 @@ class Runner:
         async with AsyncExitStack() as stack:
             settings = self.settings
             embedded = not settings.nats.url
+            if embedded or self.options.with_daemons:
+                # What a run that was killed left on this state dir (its run gone) goes first.
+                for name in await asyncio.to_thread(self.pids.stop_leftovers):
+                    log.warning("run.leftover_stopped", name=name)
             if embedded:
-                server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary)
-                await asyncio.to_thread(server.start)
+                server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary,
+                                            die_with_parent=True)
+                # Started from this (the loop's) thread: its parent-death signal follows the forking thread.
+                server.start()
+                assert server.process is not None
+                self.pids.record(NATS_PID, server.process.pid)
+                stack.callback(self.pids.remove, NATS_PID)
                 stack.callback(server.stop)
                 settings = settings.with_overrides(nats={"url": server.url})
                 log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
-            bus = await stack.enter_async_context(await Bus.connect(settings, name="busscrape-run"))
+            bus = await stack.enter_async_context(await Bus.connect(settings, name="busscrape-run", hint=RUN_HINT))
             definitions = topology.load(settings)
             if embedded:
                 await provision.apply(bus.js, definitions)
@@ -145,11 +184,15 @@ class Runner:
                 await daemons.stop(grace=(0.5 if self._stops > 1 else 5.0) if self._stop.is_set() else 10.0)
             counts = tracker.counts()
             reasons = Counter(s.reason or "unknown" for s in tracker.final.values() if s.state == "dead")
+            locations = sorted(s.archive for s in tracker.final.values() if s.archive)
+            earlier = Counter(s.state for s in tracker.final.values() if s.at < began)
+            # Daemons elsewhere archive where *they* are configured: say what their records say.
+            archive = self.archive_location() if daemons is not None else archive_root(locations)
             return RunSummary(dispatch=summary, tasks=len(tracker.expected), outcomes=counts, dead_reasons=reasons,
-                              seconds=time.monotonic() - started, archive=self.archive_location(),
+                              seconds=time.monotonic() - started, archive=archive,
                               interrupted=self._stop.is_set(),
                               failed_daemons=daemons.failed() if daemons else [], letters_unarchived=unfiled,
-                              locations=sorted(s.archive for s in tracker.final.values() if s.archive))
+                              locations=locations, earlier=earlier)
 
     async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
         since = utcnow()
@@ -157,16 +200,21 @@ class Runner:
             bus, settings, self.options.defaults, force=self.options.force,
             on_published=lambda task_id: tracker.expect(task_id, since),
             on_already_seen=tracker.expect_existing,
-            on_rejected=self.rejections.append,
+            on_rejected=self._rejected,
         )
         async with self._dispatcher as dispatcher:
             if self._stop.is_set():
                 dispatcher.stop()
-            dispatching = asyncio.create_task(dispatcher.dispatch(self.options.source))
+            dispatching = asyncio.create_task(dispatcher.dispatch(self.options.source, self.options.fmt))
             while not dispatching.done():
                 await asyncio.wait({dispatching}, timeout=0.5)
                 self._report(tracker, dispatcher.summary(), 0.0)
             return dispatching.result()
+
+    def _rejected(self, rejection: Rejection) -> None:
+        self.rejections.append(rejection)
+        if self.options.on_rejected is not None:
+            self.options.on_rejected(rejection)
 
     async def _letters_archived(self, bus: Bus, tracker: Tracker, timeout: float = LETTERS_TIMEOUT) -> int:
         """Wait until every dead letter is in the archive too (the ``dead`` record comes before the

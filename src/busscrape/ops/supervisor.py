@@ -2,7 +2,8 @@
 
 Each daemon is ``python -m busscrape worker|ingester`` in its own process (one Chromium per
 worker process; both cores busy), configured through the environment with exactly the
-settings of the run, logging JSON lines to ``<state_dir>/logs/<name>.log``. A daemon that
+settings of the run, logging JSON lines to ``<state_dir>/logs/<name>.log``. They die with the
+supervisor, however it ends (``ops.lifeline``: parent-death signal, lifeline pipe, pid files). A daemon that
 dies unexpectedly is started again (its in-flight tasks come back to the queue after
 ack_wait). ``stop()`` sends SIGTERM (they drain: in-flight tasks finish or go back to the
 queue), then SIGKILL after the grace period.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import structlog
 
+from busscrape.ops.lifeline import Lifeline, PidFiles, die_with_parent
 from busscrape.settings import Settings, settings_env
 
 log = structlog.get_logger("busscrape.daemons")
@@ -49,9 +51,12 @@ class Daemons:
         self.daemons += [Daemon(f"ingester-{i + 1}", ["ingester"]) for i in range(ingesters)]
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
+        self.pids = PidFiles(settings.state_dir)
+        self._lifeline: Lifeline | None = None
 
     async def __aenter__(self) -> Daemons:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._lifeline = Lifeline()
         for daemon in self.daemons:
             self._start(daemon)
         self._watch = asyncio.create_task(self._supervise())
@@ -63,10 +68,14 @@ class Daemons:
     def _start(self, daemon: Daemon) -> None:
         daemon.log_path = self.log_dir / f"{daemon.name}.log"
         env = {**self.env, "BUSSCRAPE_WORKER__NAME": daemon.name, "BUSSCRAPE_INGESTER__NAME": daemon.name}
+        assert self._lifeline is not None
+        fd = self._lifeline.read_fd
+        # Called from the event loop's thread only: the parent-death signal follows the forking thread.
         with open(daemon.log_path, "ab") as out:
-            daemon.process = subprocess.Popen([sys.executable, "-m", "busscrape", *daemon.args], env=env,
-                                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+            daemon.process = subprocess.Popen([sys.executable, "-m", "busscrape", *daemon.args, "--lifeline", str(fd)],
+                                              env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True, pass_fds=(fd,), preexec_fn=die_with_parent())
+        self.pids.record(daemon.name, daemon.process.pid)
         log.info("daemon.started", daemon=daemon.name, pid=daemon.process.pid, log=str(daemon.log_path))
 
     async def _supervise(self) -> None:
@@ -116,6 +125,10 @@ class Daemons:
             if proc.poll() is None:
                 proc.kill()
         await _wait_all(running, 10)
+        for daemon in self.daemons:
+            self.pids.remove(daemon.name)
+        if self._lifeline is not None:
+            self._lifeline.close()
         log.info("daemons.stopped", count=len(running))
 
 

@@ -74,12 +74,16 @@ class Settings(BaseSettings):
         return self.search.sqlite_path or self.state_dir / "search.sqlite3"
 
     def with_overrides(self, **sections: dict[str, object]) -> Settings:
-        """A copy with some fields replaced, re-validated (how CLI flags win over env)."""
-        data = self.model_dump()
+        """A copy with some fields replaced, re-validated (how CLI flags win over env).
+
+        Only what was set is carried over, so the copy still knows which values are defaults
+        (``model_fields_set``: a default telemetry port gives way, a chosen one does not).
+        """
+        data = self.model_dump(exclude_unset=True)
         for section, values in sections.items():
             clean = {k: v for k, v in values.items() if v is not None}
-            if isinstance(data.get(section), dict):
-                data[section].update(clean)
+            if isinstance(getattr(self, section, None), BaseModel):
+                data.setdefault(section, {}).update(clean)
             elif clean:
                 raise KeyError(section)
         # model_dump keeps SecretStr objects in python mode, so secrets survive the copy.

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from busscrape.settings.lists import CommaList, SwitchList
 from busscrape.units import Duration, Size
 
 __all__ = [
@@ -170,12 +171,13 @@ class DispatchSettings(_Section):
     """Longest URL accepted (after normalisation)."""
     strip_tracking: bool = False
     """Drop tracking parameters (``utm_*``, ``fbclid``, …) before de-duplication."""
-    tracking_params: list[str] = [
+    tracking_params: CommaList = [
         "utm_*", "fbclid", "gclid", "dclid", "gbraid", "wbraid", "msclkid", "mc_cid", "mc_eid",
         "yclid", "igshid", "_ga", "_gl", "_hsenc", "_hsmi", "mkt_tok", "oly_anon_id", "oly_enc_id",
         "vero_id", "rb_clickid", "s_cid", "ref_src",
     ]
-    """Parameter names (``*`` wildcard) that ``strip_tracking`` removes."""
+    """Parameter names (``*`` wildcard) that ``strip_tracking`` removes, comma-separated
+    (``utm_*,ref``) or a JSON array."""
     sort_query: bool = False
     """Sort query parameters so that ``?b=1&a=2`` and ``?a=2&b=1`` are one URL."""
     recrawl_after: Duration = "7d"
@@ -194,8 +196,9 @@ class BrowserSettings(_Section):
     """Chromium binary. Default: Playwright's own if installed, else a system Chromium."""
     headless: bool = True
     """Run without a window."""
-    extra_args: list[str] = []
-    """More Chromium command-line switches."""
+    extra_args: SwitchList = []
+    """More Chromium command-line switches, comma-separated (``--foo,--window-size=1280,800``: a
+    comma starts a new switch only before a dash) or a JSON array."""
     no_sandbox: bool | None = None
     """Pass ``--no-sandbox`` (default: only when running as root, where Chromium needs it)."""
 
@@ -298,8 +301,9 @@ class ExtractSettings(_Section):
 class NetworkPolicySettings(_Section):
     """Where pages may connect. By default only public addresses."""
 
-    allow: list[str] = []
-    """CIDRs (``127.0.0.2/32``) and ``host:port`` pairs opened despite being non-public."""
+    allow: CommaList = []
+    """CIDRs (``127.0.0.2/32``) and ``host:port`` pairs opened despite being non-public,
+    comma-separated (``127.0.0.2/32,intranet:443``) or a JSON array."""
 
 
 class S3Settings(_Section):
@@ -408,4 +412,6 @@ class TelemetrySettings(_Section):
     http_host: str = "0.0.0.0"
     """Address the daemons' ``/healthz``, ``/readyz`` and ``/metrics`` listen on."""
     http_port: int | None = 9464
-    """Port of that server; 0 picks a free one, unset turns it off."""
+    """Port of that server; 0 picks a free one, ``none`` turns it off. Left at the default, a daemon
+    that finds it taken (a worker and an ingester on one host) takes a free one and logs it
+    (``health.port_taken``, ``health.listening``); a port set here that is taken is exit 2."""

@@ -24,12 +24,30 @@ MAX_TITLE = 1000
 
 # One round trip for what is read from the DOM after the steps (the HTML itself comes from
 # page.content(), which moves large documents faster than an evaluate() return value).
+# innerText leaves out the gap a margin or padding draws between two inline elements that touch
+# in the markup (<a>Home</a><a>Article</a> reads "HomeArticle"): for the time of the read, a space
+# stands in each such gap.
 _CAPTURE_JS = """(wantText) => {
   const nav = performance.getEntriesByType('navigation')[0];
   const root = document.documentElement;
+  let text = '';
+  if (wantText && document.body) {
+    const gaps = [];
+    for (const el of document.body.querySelectorAll('*')) {
+      const next = el.nextSibling;
+      if (!next || next.nodeType !== 1) continue;
+      const a = getComputedStyle(el), b = getComputedStyle(next);
+      if (!a.display.startsWith('inline') || !b.display.startsWith('inline')) continue;
+      const gap = parseFloat(a.marginRight) + parseFloat(a.paddingRight) + parseFloat(b.marginLeft)
+        + parseFloat(b.paddingLeft);
+      if (gap > 0) { const space = document.createTextNode(' '); el.after(space); gaps.push(space); }
+    }
+    text = document.body.innerText;
+    for (const space of gaps) space.remove();
+  }
   return {
     title: document.title || '',
-    text: wantText && document.body ? document.body.innerText : '',
+    text: text,
     height: Math.max(root ? root.scrollHeight : 0, document.body ? document.body.scrollHeight : 0),
     width: root ? root.clientWidth : 0,
     timing: nav ? {ttfb: nav.responseStart, dom_content_loaded: nav.domContentLoadedEventEnd,

@@ -223,6 +223,11 @@ class Worker(PullService):
             await running
             await self.failures.dead(msg, story, task, seq, exc)
             return
+        except asyncio.CancelledError:
+            if self.stopping:  # the service hands the message back (PullService._process): say why
+                span.set_attribute("busscrape.outcome", "retry:shutting_down")
+                await self.failures.handed_back(running, story, task, seq)
+            raise
         self.count("completed" if stands else "already_done")
         span.set_attribute("http.response.status_code", result.status or 0)
         if self.telemetry is not None:

@@ -11,7 +11,10 @@ task acked. Each step that NATS does not take keeps the task (nak) for another g
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
@@ -20,7 +23,7 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.retry import TRANSIENT, backoff
 from busscrape.deadletters import filing
-from busscrape.errors import BusscrapeError, MessageDecodeError, PermanentError, RetryableError
+from busscrape.errors import BusscrapeError, MessageDecodeError, PermanentError, RetryableError, ShuttingDown
 from busscrape.model.messages import AttemptRecord, DeadLetter, ScrapeTask, utcnow
 from busscrape.settings import Settings
 from busscrape.status.records import Transitions
@@ -70,6 +73,23 @@ class Failures:
         await story.step("retrying", reason=exc.reason, error=str(exc)[:500])
         log.warning("task.retry", reason=exc.reason, error=str(exc)[:300], delay=round(delay, 2))
         await msg.nak(delay=delay)
+
+    async def handed_back(self, running: asyncio.Future[Any], story: Transitions, task: ScrapeTask,
+                          seq: int) -> None:
+        """The worker stopped while the task ran: its attempt is recorded (ATTEMPTS, and
+        ``retrying`` in STATUS) before the service hands the message back, so its history says
+        what happened to that delivery. Bounded: the way out must not hang on NATS."""
+        exc = ShuttingDown(f"worker {self.settings.worker.name} stopped during the attempt; handed back to the queue")
+        try:
+            async with asyncio.timeout(5):
+                with contextlib.suppress(Exception):
+                    await running
+                await self.attempts.record(task.task_id, seq, self._record(story.attempt, exc))
+                await story.step("retrying", reason=exc.reason, error=str(exc))
+        except (TimeoutError, *TRANSIENT):
+            log.warning("task.handed_back_unrecorded", reason=exc.reason)
+            return
+        log.info("task.handed_back", reason=exc.reason)
 
     async def dead(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int, exc: PermanentError) -> None:
         """File the letter now: retrying cannot help."""

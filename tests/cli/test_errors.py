@@ -1,0 +1,77 @@
+"""What a user who got something wrong is told, through the real entry point: the variable or flag,
+the value, the reason; exit 2; never pydantic's report or a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.cli import busscrape, clean_env
+
+COMMANDS = [["status"], ["dispatch", "-"], ["run", "-"], ["worker"], ["ingester"], ["config"], ["dlq", "list"],
+            ["task", "http://example.com/"], ["search", "x"], ["api"], ["streams", "show"]]
+
+
+def assert_told(result, *lines: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    for line in lines:
+        assert f"error: {line}\n" in result.stderr, result.stderr
+    assert "pydantic" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c))
+def test_every_command_names_the_variable_the_value_and_the_reason(command):
+    result = busscrape(*command, env=clean_env(BUSSCRAPE_WORKER__CONCURRENCY="abc"), stdin="")
+    assert_told(result, "BUSSCRAPE_WORKER__CONCURRENCY='abc': not an integer")
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ({"BUSSCRAPE_WORKER__CONCURRENCY": "0"}, "BUSSCRAPE_WORKER__CONCURRENCY='0': must be at least 1"),
+    ({"BUSSCRAPE_TELEMETRY__LOG_FORMAT": "xml"},
+     "BUSSCRAPE_TELEMETRY__LOG_FORMAT='xml': not one of 'auto', 'json' or 'console'"),
+    ({"BUSSCRAPE_S3__SECURE": "maybe"}, "BUSSCRAPE_S3__SECURE='maybe': not a boolean (true or false)"),
+    ({"BUSSCRAPE_NATS__CONNECT_TIMEOUT": "soon"},
+     "BUSSCRAPE_NATS__CONNECT_TIMEOUT='soon': not a duration (use e.g. 250ms, 30s, 5m, 1h30m, 7d)"),
+    ({"BUSSCRAPE_WORKER__CONCURENCY": "3"}, "BUSSCRAPE_WORKER__CONCURENCY='3': no such setting"),
+    ({"BUSSCRAPE_NETWORK__ALLOW": "[127.0.0.2/32"},
+     "BUSSCRAPE_NETWORK__ALLOW='[127.0.0.2/32': starts with [ but is not a JSON array (Expecting ',' delimiter)"),
+    ({"BUSSCRAPE_NETWORK": "allow=x"},
+     "BUSSCRAPE_NETWORK='allow=x': not a JSON object; set each value on its own (BUSSCRAPE_NETWORK__<SETTING>=…)"),
+])
+def test_each_kind_of_bad_setting_is_said_in_a_few_words(env, line):
+    assert_told(busscrape("status", env=clean_env(**env)), line)
+
+
+def test_every_bad_setting_is_named_at_once():
+    result = busscrape("status", env=clean_env(BUSSCRAPE_WORKER__CONCURRENCY="abc", BUSSCRAPE_S3__SECURE="maybe"))
+    assert_told(result, "BUSSCRAPE_WORKER__CONCURRENCY='abc': not an integer",
+                "BUSSCRAPE_S3__SECURE='maybe': not a boolean (true or false)")
+
+
+def test_a_bad_flag_value_names_the_flag():
+    assert_told(busscrape("worker", "--exit-when-idle", "soon"),
+                "--exit-when-idle 'soon': not a duration (use e.g. 250ms, 30s, 5m, 1h30m, 7d)")
+    assert_told(busscrape("dispatch", "-", "--recrawl-after", "soon", stdin=""),
+                "--recrawl-after 'soon': not a duration (use e.g. 250ms, 30s, 5m, 1h30m, 7d)")
+
+
+@pytest.mark.parametrize(("steps", "line"), [
+    ("nope", "--steps: Invalid JSON: expected ident at line 1 column 2"),
+    ('{"action": "sleep"}', "--steps: Input should be a valid array"),
+    ('[{"action": "scroll", "mode": "sideways"}]', "--steps: 0.scroll.mode: Input should be 'bottom' or 'infinite'"),
+])
+def test_steps_errors_show_the_real_message(steps, line):
+    result = busscrape("dispatch", "-", "--steps", steps, stdin="")
+    assert_told(result, line)
+    assert "(message)" not in result.stderr
+
+
+def test_task_with_a_bad_spec_blames_the_spec_not_the_url():
+    result = busscrape("task", "https://example.com/", "--spec", '{"artifacts": ["htm"]}')
+    assert_told(result, "--spec: artifacts.0: Input should be 'html', 'screenshot', 'har' or 'text'")
+    assert "reject it as a URL" not in result.stderr
+
+
+def test_task_with_a_bad_url_and_a_bad_spec_blames_the_url():
+    result = busscrape("task", "ftp://example.com/", "--spec", '{"artifacts": ["htm"]}')
+    assert result.returncode == 2
+    assert "unsupported_scheme" in result.stderr and "artifacts" not in result.stderr
