@@ -44,7 +44,7 @@ def run_cmd(
     allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
                                     help="Open a non-public address to pages (repeatable)."),
     steps: str | None = typer.Option(None, "--steps", help="JSON array of steps for every task, or @FILE."),
-    artifacts: str | None = typer.Option(None, "--artifacts", help="Comma list of html,screenshot,har,text."),
+    artifacts: str | None = typer.Option(None, "--artifacts", help="Comma list of html,screenshot,har,text,warc."),
     label: list[str] = typer.Option([], "--label", metavar="K=V", help="A label on every task. Repeatable."),
     screenshot_format: str | None = typer.Option(None, "--screenshot-format", help="png or jpeg."),
     full_page: bool | None = typer.Option(None, "--full-page/--no-full-page", help="Whole-page screenshot."),
@@ -54,6 +54,8 @@ def run_cmd(
     force: bool = typer.Option(False, "--force", help="Queue every URL even if seen within --recrawl-after."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if any input line was rejected."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
+    wacz: str | None = typer.Option(None, "--wacz", metavar="NAME",
+                                    help="Then package the run's WARCs as wacz/NAME.wacz (see busscrape wacz)."),
 ) -> None:
     from busscrape.ops.runner import RunOptions
 
@@ -70,6 +72,10 @@ def run_cmd(
     summary = run(execute(s, opts))
     out.print(summary_table(summary))
     out.print(how_to_look(summary), soft_wrap=True)
+    if wacz:
+        from busscrape.cli.wacz import package, report
+
+        report(run(package(s, wacz, locations=summary.locations, archive=archive)))
     raise typer.Exit(exit_code(summary, strict))
 
 
