@@ -131,6 +131,7 @@ async def test_a_page_as_warc_passes_warcio_check_and_indexes(browser, traffic, 
     main = responses[""][1]["WARC-Record-ID"]
     assert meta[1]["WARC-Concurrent-To"] == main and dom[1]["WARC-Concurrent-To"] == main
     assert b"rendered 42" in dom[3] and dom[1]["WARC-Target-URI"].startswith("urn:dom:")
+    assert meta[1]["WARC-Target-URI"].startswith("urn:pageinfo:")  # never taken for a capture of the page
 
 
 async def test_revisits_span_pages_of_one_worker(browser, traffic, tmp_path):

@@ -7,7 +7,7 @@ record can be read from its offset, as every WARC index expects)::
     response + request           per request, paired by WARC-Concurrent-To (request → response)
     revisit                      a response whose payload this worker stored already
                                  (identical-payload-digest: no body, refers to the first one)
-    metadata                     the page: task, final URL, status, title, timings, and a note for
+    metadata urn:pageinfo:<url>  the page: task, final URL, status, title, timings, and a note for
                                  every body that is not (fully) there and why
     resource urn:dom:<url>       the rendered DOM, concurrent to the page's main response
     resource urn:screenshot:<url>  the screenshot, likewise
@@ -355,7 +355,10 @@ class WarcRecorder:
         url = bounds.cut(page.get("final_url") or page.get("url") or "", bounds.MAX_URL)
         meta = orjson.dumps({**page, "records": self.counts, "notes": self.notes,
                              "notes_left_out": max(0, self.counts["skipped"] - len(self.notes))})
-        self._write(self._writer.create_warc_record(url, "metadata", payload=BytesIO(meta), length=len(meta),
+        # Not under the page's own URI: indexes list metadata records too, and a replay tool that
+        # took it for the latest capture of the page would show this JSON instead of the page.
+        self._write(self._writer.create_warc_record(f"urn:pageinfo:{url}", "metadata", payload=BytesIO(meta),
+                                                    length=len(meta),
                                                     warc_content_type="application/json",
                                                     warc_headers_dict=dict(concurrent)))
         for resource in resources:
