@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -91,3 +92,21 @@ async def test_nothing_to_pack_and_bad_names_are_clear_errors(storage):  # noqa:
         await wacz.pack(storage, [bare], "crawl")
     with pytest.raises(PermanentError, match="plain file name"):
         await wacz.pack(storage, [bare], "../escape")
+
+
+async def test_the_wacz_command_packs_what_is_under_a_prefix_and_says_when_there_is_nothing(tmp_path):
+    from busscrape.archive.storage.local import FileStorage
+
+    async with FileStorage(tmp_path / "archive") as store:
+        await archive_page(store, "a" * 32, "http://example.org/one")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
+
+    def wacz_cmd(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "busscrape", "wacz", *args, "--archive", str(tmp_path / "archive")]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**env, "COLUMNS": "200"})
+
+    done = wacz_cmd("crawl", "--under", "dt=2026-12-02")
+    assert done.returncode == 0 and "wacz: wacz/crawl.wacz · 1 pages" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "archive" / "wacz" / "crawl.wacz").exists()
+    empty = wacz_cmd("other", "--under", "dt=1999-01-01")
+    assert empty.returncode == 2 and "no page WARC to package" in empty.stderr, empty.stdout + empty.stderr
