@@ -28,14 +28,17 @@ DEFAULT = "html,screenshot,har,text"
 
 
 def sizes(archive: Path) -> dict[str, list[int]]:
-    """Stored bytes per page of the WARC and of the HAR (gzipped and raw), from each meta.json."""
-    out: dict[str, list[int]] = {"warc": [], "har.gz": [], "har": []}
+    """Stored bytes per page of the WARC, of the HAR (gzipped and raw) and of the screenshot, from
+    each meta.json."""
+    out: dict[str, list[int]] = {"warc": [], "har.gz": [], "har": [], "screenshot": []}
     for meta in archive.glob("dt=*/host=*/*/meta.json"):
         objects = {o["name"]: o for o in json.loads(meta.read_text())["objects"]}
         if "page.warc.gz" in objects and "page.har.gz" in objects:
             out["warc"].append(objects["page.warc.gz"]["size"])
             out["har.gz"].append(objects["page.har.gz"]["size"])
             out["har"].append(objects["page.har.gz"]["original_size"])
+            # The WARC holds the screenshot too (a resource record), the HAR does not.
+            out["screenshot"].append(objects.get("screenshot.png", {}).get("size", 0))
     return out
 
 
@@ -68,9 +71,11 @@ def main() -> None:
         found = sizes(tmpdir / "run-sizes" / "state" / "archive")
         if not found["warc"]:
             raise SystemExit("no page archived both a WARC and a HAR")
-        warc, har_gz, har = (statistics.mean(found[k]) for k in ("warc", "har.gz", "har"))
-        print(f"per page ({len(found['warc'])} pages): page.warc.gz {warc / 1024:.1f} KiB · HAR with embedded "
-              f"bodies {har_gz / 1024:.1f} KiB gzipped ({har / 1024:.1f} KiB raw) · WARC/HAR.gz {warc / har_gz:.2f}")
+        warc, har_gz, har, shot = (statistics.mean(found[k]) for k in ("warc", "har.gz", "har", "screenshot"))
+        print(f"per page ({len(found['warc'])} pages): page.warc.gz {warc / 1024:.1f} KiB, of which the screenshot "
+              f"{shot / 1024:.1f} KiB · HAR with embedded bodies {har_gz / 1024:.1f} KiB gzipped "
+              f"({har / 1024:.1f} KiB raw) · WARC/HAR.gz {warc / har_gz:.2f}, without the screenshot "
+              f"{(warc - shot) / har_gz:.2f}")
 
 
 if __name__ == "__main__":
