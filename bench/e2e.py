@@ -57,13 +57,13 @@ def settings_for(workdir: Path, concurrency: int, nats_url: str | None = None) -
 # -- (a) busscrape run ------------------------------------------------------------------------
 
 
-def busscrape_run(urls_file: Path, workdir: Path, concurrency: int) -> float:
-    """Pages/s of `busscrape run`, first dispatch to last archive."""
+def busscrape_run(urls_file: Path, workdir: Path, concurrency: int, extra: tuple[str, ...] = ()) -> float:
+    """Pages/s of `busscrape run` (with the ``extra`` flags), first dispatch to last archive."""
     from busscrape.settings import settings_env
 
     env = settings_env(settings_for(workdir, concurrency))
     workdir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "busscrape", "run", str(urls_file), "--workers", "1"],
+    proc = subprocess.run([sys.executable, "-m", "busscrape", "run", str(urls_file), "--workers", "1", *extra],
                           env=env, cwd=workdir, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"busscrape run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")

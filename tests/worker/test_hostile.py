@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 from aiohttp import web
 
@@ -173,3 +174,60 @@ async def test_task_total_timeout(wbus, wsettings, hostile):  # noqa: F811
     letters, _ = await outcome_then_normal(wbus, short, hostile, hostile.url("/static?t=1"),
                                            steps=(Sleep(duration=10),), task_timeout=2)
     assert [d.reason for d in letters] == ["task_timeout"] and "task_timeout" in letters[0].error
+
+
+async def test_max_warc_bytes_bounds_a_heavy_page_and_its_warc_stays_valid(wbus, wsettings, hostile, tmp_path):  # noqa: F811
+    # Big bodies (one with no Content-Length), an endless stream and a download in one page:
+    # the worker's WARC of it is valid and within max_warc_bytes (plus its records' headers).
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    @hostile.route("/heavy.bin")
+    async def heavy(request):
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        for _ in range(2):  # incompressible and unlike any other (no revisit): the WARC's size is its payload's
+            await response.write(os.urandom(1024 * 1024))
+        await response.write_eof()
+        return response
+
+    @hostile.route("/stream")
+    async def stream(request):
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        while True:
+            await response.write(b"x" * 65536)
+            await asyncio.sleep(0.05)
+
+    hostile.page("/heavy", "<title>heavy</title><iframe src=/download></iframe><script>"
+                           "fetch('/stream').then(r => r.body.getReader().read());"
+                           "Promise.all([1, 2, 3].map(i => fetch('/heavy.bin?' + i).then(r => r.arrayBuffer())))"
+                           ".then(() => document.body.insertAdjacentHTML('beforeend', '<p id=loaded>ok</p>'))</script>")
+    limit = 4 * 1024 * 1024 + 64 * 1024  # two heavy bodies and the page itself
+    letters, [result] = await outcome_then_normal(
+        wbus, wsettings, hostile, hostile.url("/heavy"), steps=(WaitFor(selector="#loaded"),),
+        options=TaskOptions(artifacts=("html", "warc")), max_warc_bytes=limit, max_warc_body_bytes=3 * 1024 * 1024)
+    [ref] = [a for a in result.artifacts if a.kind == "warc"]
+    assert letters == [] and ref.name == "page.warc.gz" and ref.size < limit + 64 * 1024  # + records' headers
+    path = tmp_path / "page.warc.gz"
+    path.write_bytes(await ArtifactStore(wbus.js).read(ref))
+    check = subprocess.run([str(Path(sys.executable).parent / "warcio"), "check", "-v", str(path)],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0 and "digest fail" not in check.stdout, check.stdout[-2000:]
+    from warcio.archiveiterator import ArchiveIterator
+
+    with path.open("rb") as handle:
+        cut = {r.rec_headers.get_header("WARC-Target-URI").rsplit("/", 1)[1]:
+               r.rec_headers.get_header("WARC-Truncated") for r in ArchiveIterator(handle) if r.rec_type == "response"}
+    # Two 2 MiB bodies fit in 4 MiB, the third does not; the endless stream is cut at the capture.
+    heavy_cuts = sorted(str(cut.get(f"heavy.bin?{i}", "missing")) for i in (1, 2, 3))
+    assert cut["stream"] == "time" and heavy_cuts == ["None", "None", "length"], warc_notes(path)
+
+
+def warc_notes(path):
+    from warcio.archiveiterator import ArchiveIterator
+
+    with path.open("rb") as handle:
+        return [orjson.loads(r.content_stream().read()) for r in ArchiveIterator(handle) if r.rec_type == "metadata"]

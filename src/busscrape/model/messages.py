@@ -27,8 +27,11 @@ from busscrape.units import Duration
 
 SCHEMA_VERSION = 1
 
-ArtifactKind = Literal["html", "screenshot", "har", "text"]
+ArtifactKind = Literal["html", "screenshot", "har", "text", "warc"]
 DEFAULT_ARTIFACTS: tuple[ArtifactKind, ...] = ("html", "screenshot", "har", "text")
+CRAWL_ARTIFACTS: tuple[ArtifactKind, ...] = (*DEFAULT_ARTIFACTS, "warc")
+"""The artifacts of a crawl's tasks unless it says otherwise: a crawl is a web archive, so its
+pages carry their WARC (``warc``) by default. The one place a crawl mode takes its default from."""
 EXTRACTOR_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 """An extractor's name: its file's name in ``extractors/`` without ``.toml``."""
 
@@ -159,8 +162,8 @@ class ArtifactRef(_Model):
     """A claim check: where an artifact waits in the ARTIFACTS object store, and its digest."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
-    """File name in the archive (``page.html``, ``screenshot.png``, ``shot-<name>.png``)."""
-    kind: Literal["html", "screenshot", "har", "text", "extra_screenshot", "extracted"]
+    """File name in the archive (``page.html``, ``screenshot.png``, ``shot-<name>.png``, ``page.warc.gz``)."""
+    kind: Literal["html", "screenshot", "har", "text", "warc", "extra_screenshot", "extracted"]
     """(``extracted`` names the archive's ``extracted.json``, written from the result itself.)"""
     object: str
     """Object name in the ARTIFACTS bucket."""

@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
-from busscrape.artifacts.files import CONTENT_TYPES, HAR_FILE, HTML_FILE, TEXT_FILE, screenshot_file
+from busscrape.artifacts.files import CONTENT_TYPES, HAR_FILE, HTML_FILE, TEXT_FILE, WARC_FILE, screenshot_file
 from busscrape.errors import LimitExceeded, NavigationTimeout
 from busscrape.model import bounds
 from busscrape.model.messages import ScrapeTask
 from busscrape.settings import WorkerSettings
 from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.har import HarRecorder
+from busscrape.worker.warc import Resource, WarcRecorder
 
 SCREENSHOT_TIMEOUT = 30.0  # seconds; a screenshot that takes longer is a page that will not settle
 MAX_TITLE = 1000
@@ -58,12 +60,12 @@ _CAPTURE_JS = """(wantText) => {
 
 @dataclass(frozen=True)
 class Capture:
-    """One file of a render, as bytes."""
+    """One file of a render, as bytes (or a file at its start, for the WARC: read chunk by chunk)."""
 
     file: str
     kind: str
     content_type: str
-    data: bytes
+    data: bytes | IO[bytes]
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Visit:
     """Screenshots the steps took."""
     har: HarRecorder | None
     timings: dict[str, float]
+    warc: WarcRecorder | None = None
 
 
 class Capturer:
@@ -125,6 +128,8 @@ class Capturer:
         if visit.har is not None:
             har_capture, dropped = await self._har(visit.har, dom["title"], timings)
             captures.append(har_capture)
+        if visit.warc is not None:
+            captures.append(await self._warc(visit, dom, captures))
         blocked = [url for url, why in visit.failed if "SOCKS" in why or "blockedbyclient" in why]
         # What the page controls is bounded here, each cut marked: the result always fits in RESULTS.
         return Rendered(final_url=bounds.cut(page.url, bounds.MAX_URL), status=visit.status,
@@ -160,6 +165,23 @@ class Capturer:
         except ValueError as exc:
             raise LimitExceeded(str(exc), reason="har_too_large") from None
         return Capture(HAR_FILE, "har", CONTENT_TYPES["har"], data), dropped
+
+    async def _warc(self, visit: Visit, dom: dict, captures: list[Capture]) -> Capture:
+        """The page's WARC: its traffic, then its metadata and the DOM and screenshots as resources."""
+        page, task = visit.tab.page, visit.task
+        url = page.url
+        html = dom.get("html")
+        if html is None:
+            html = await page.content()
+        resources = [Resource(f"urn:dom:{url}", CONTENT_TYPES["html"], html.encode("utf-8", "surrogatepass"))]
+        resources += [Resource(f"urn:screenshot:{url}" if c.kind == "screenshot" else f"urn:screenshot:{c.file}:{url}",
+                               c.content_type, c.data) for c in captures
+                      if c.kind in ("screenshot", "extra_screenshot") and isinstance(c.data, bytes)]
+        spool = await visit.warc.finish({
+            "task_id": task.task_id, "url": task.url, "final_url": url, "status": visit.status,
+            "title": bounds.cut(dom["title"], MAX_TITLE), "timings": visit.timings, "labels": task.labels,
+        }, resources)
+        return Capture(WARC_FILE, "warc", CONTENT_TYPES["warc"], spool)
 
     async def screenshot(self, tab: Tab, task: ScrapeTask, *, full_page: bool, height: int | None) -> bytes:
         """The viewport, or the page up to ``max_screenshot_height`` CSS pixels."""
