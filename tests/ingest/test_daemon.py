@@ -88,11 +88,15 @@ def folder_of(result: ScrapeResult, prefix: str = "") -> str:
 
 
 async def assert_archived(storage: Storage, result: ScrapeResult, files: dict[str, bytes], prefix: str = "") -> dict:
-    """Every object at its key, its bytes as meta.json says, and the originals inside."""
+    """Every expected file listed in meta.json and stored at its key (nothing else in the folder),
+    its bytes as meta.json says, and the originals inside."""
     folder = folder_of(result, prefix)
     meta = orjson.loads(await storage.get(f"{folder}/meta.json"))
     assert meta["task_id"] == result.task_id and meta["final_url"] == result.final_url
     assert meta["attempt"] == result.attempt and meta["worker"] == result.worker and meta["labels"] == result.labels
+    # every expected file is listed, and the folder holds nothing else
+    assert sorted(obj["name"].removesuffix(".gz") for obj in meta["objects"]) == sorted(files)
+    assert await storage.keys(f"{folder}/") == sorted([f"{folder}/meta.json", *(o["key"] for o in meta["objects"])])
     for obj in meta["objects"]:
         stored = await storage.get(obj["key"])
         assert obj["key"] == f"{folder}/{obj['name']}"

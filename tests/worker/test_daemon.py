@@ -253,8 +253,9 @@ async def test_per_host_politeness_spaces_navigations(wbus, wsettings, site, sta
     assert times[-1] - times[0] >= 2 * 2.5 - 1.25
 
 
-async def test_a_killed_attempt_between_publish_and_ack_leaves_one_result(wbus, wsettings, site, stamps):
-    """Simulates SIGKILL after the result's PubAck but before the task's ack."""
+async def test_a_killed_attempt_between_publish_and_ack_leaves_one_result(wbus, short_ack, site, stamps):
+    """Simulates SIGKILL after the result's PubAck but before the task's ack (a real SIGKILL at
+    the same point: tests/worker/test_faults.py)."""
 
     class DiesBeforeAck(Worker):
         async def handle(self, msg):
@@ -267,29 +268,31 @@ async def test_a_killed_attempt_between_publish_and_ack_leaves_one_result(wbus, 
             except SystemExit:
                 self.stop()
 
-    short = wsettings.with_overrides(streams={"worker_ack_wait": "2s"})
-    from busscrape.bus import provision, topology
-
-    await provision.apply(wbus.js, topology.load(short))
     await enqueue(wbus.js, site.url("/static"))
-    async with DiesBeforeAck(wbus, short.with_overrides(worker={"max_tasks": 1, "grace_period": 0.1})) as w:
+    async with DiesBeforeAck(wbus, short_ack.with_overrides(worker={"max_tasks": 1, "grace_period": 0.1})) as w:
         await w.run()
-    assert len(await results(wbus.js)) == 1 and await count(wbus.js, names.TASKS_STREAM) == 1
-    [first] = await results(wbus.js)
-    board = StatusBoard(wbus.js)
+    await after_a_death_before_the_ack(wbus, short_ack)
+
+
+async def after_a_death_before_the_ack(bus, settings) -> None:
+    """The first delivery's worker died after its result's PubAck, before the task's ack: one
+    result, the task still in TASKS; the redelivery acks it without rendering again."""
+    assert len(await results(bus.js)) == 1 and await count(bus.js, names.TASKS_STREAM) == 1
+    [first] = await results(bus.js)
+    board = StatusBoard(bus.js)
     assert await board.record(TaskStatus(task_id=first.task_id, state="archived", attempt=1,  # as the ingester does
                                          dispatched_at=first.dispatched_at))
-    w2 = await run_worker(wbus, short, exit_when_idle=4)
+    w2 = await run_worker(bus, settings, exit_when_idle=4)
     # the redelivery found the task archived: it acked without rendering it again
     assert w2.counters["already_done"] == 1 and w2.counters["completed"] == 0
     # ... and did not make the archived task look unfinished again
     history = [(s.state, s.attempt) for s in await board.history(first.task_id)]
     assert history == [("running", 1), ("rendered", 1), ("archived", 1)]
-    assert len(await results(wbus.js)) == 1
-    assert await count(wbus.js, names.TASKS_STREAM) == 0
+    assert len(await results(bus.js)) == 1
+    assert await count(bus.js, names.TASKS_STREAM) == 0
     # only the first result's objects exist: the second delivery stored nothing
-    [result] = await results(wbus.js)
-    store = ArtifactStore(wbus.js)
+    [result] = await results(bus.js)
+    store = ArtifactStore(bus.js)
     assert result.attempt == 1 and all([await store.exists(ref) for ref in result.artifacts])
     for ref in result.artifacts:
         second = ref.model_copy(update={"object": object_name(result.task_id, result.task_seq, 2, ref.name)})
@@ -334,18 +337,29 @@ async def short_ack(wbus, wsettings):
     return short
 
 
+LEFTOVER_OPTIONS = {"steps": (Screenshot(name="top"),),
+                    "options": TaskOptions(artifacts=("html", "screenshot", "har", "text"))}
+"""A task with five artifacts, for the tests of what a killed attempt left behind."""
+
+
 async def test_a_retry_discards_what_a_killed_attempt_stored(wbus, short_ack, site, stamps):
-    options = TaskOptions(artifacts=("html", "screenshot", "har", "text"))
-    task = await enqueue(wbus.js, site.url("/static"), steps=(Screenshot(name="top"),), options=options)
+    """Simulated (a real SIGKILL at the same point: tests/worker/test_faults.py)."""
+    task = await enqueue(wbus.js, site.url("/static"), **LEFTOVER_OPTIONS)
     await die_after_storing(wbus, short_ack)
-    assert await live_objects(wbus) == 5 and await results(wbus.js) == []
-    w2 = await run_worker(wbus, short_ack, exit_when_idle=4)
-    [result] = await results(wbus.js)
+    await after_a_death_after_storing(wbus, short_ack, task)
+
+
+async def after_a_death_after_storing(bus, settings, task) -> None:
+    """The first delivery's worker died with its five artifacts stored and its result not
+    published: the retry discards them, and only its own objects are left."""
+    assert await live_objects(bus) == 5 and await results(bus.js) == []
+    w2 = await run_worker(bus, settings, exit_when_idle=4)
+    [result] = await results(bus.js)
     assert result.attempt == 2 and w2.counters["leftovers_discarded"] == 5
     # the files a task is known to capture are the ones it did: that is how leftovers are found
     assert sorted(capture_files(task)) == sorted(ref.name for ref in result.artifacts)
-    assert await live_objects(wbus) == len(result.artifacts) == 5  # attempt 2's, for the ingester
-    store = ArtifactStore(wbus.js)
+    assert await live_objects(bus) == len(result.artifacts) == 5  # attempt 2's, for the ingester
+    store = ArtifactStore(bus.js)
     assert all([await store.exists(ref) for ref in result.artifacts])
 
 
