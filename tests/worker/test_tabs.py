@@ -92,10 +92,11 @@ async def test_a_deferred_wipe_pauses_the_page_and_gives_way_to_a_task_waiting_f
         async with pool.tab() as first:
             await first.page.goto(site.url("/tick"))
         # Two tabs were still ready, so the wipe waits; meanwhile the page runs no scripts.
-        await asyncio.sleep(0.3)
-        before = await first.page.evaluate("window.ticks")
-        await asyncio.sleep(0.5)
-        assert await first.page.evaluate("window.ticks") - before <= 1  # running, it would tick ~50 times
+        await wait_until(lambda: asyncio.sleep(0, first._paused), timeout=30, every=0.05)
+        before, since = await first.page.evaluate("[window.ticks, performance.now()]")
+        # half a second of the page's own clock: running, it would tick ~50 times
+        await wait_until(lambda: _page_clock_past(first.page, since + 500), timeout=30, every=0.1)
+        assert await first.page.evaluate("window.ticks") - before <= 1
         async with pool.tab() as second, pool.tab() as third:
             assert first not in (second, third)
             # No tab is ready now: a task asking for one starts the waiting wipe instead of
@@ -105,8 +106,16 @@ async def test_a_deferred_wipe_pauses_the_page_and_gives_way_to_a_task_waiting_f
                 await fourth.page.goto(site.url("/plain"))
                 assert await fourth.page.evaluate("document.cookie") == ""
                 await fourth.page.goto(site.url("/tick"))
-                await asyncio.sleep(0.3)
-                assert await fourth.page.evaluate("window.ticks") > 5  # scripts run again after the wipe
+                # scripts run again after the wipe
+                await wait_until(lambda: _ticked(fourth.page, 5), timeout=30, every=0.1)
+
+
+async def _page_clock_past(page, ms: float) -> bool:
+    return await page.evaluate("performance.now()") >= ms
+
+
+async def _ticked(page, n: int) -> bool:
+    return await page.evaluate("window.ticks") > n
 
 
 # Task A's page answers a Basic challenge itself (XHR with a user and password); Chromium files
