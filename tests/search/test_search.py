@@ -244,3 +244,26 @@ async def test_the_search_command_prints_results_json_and_refuses_bad_queries(tm
     assert bad.returncode == 2 and "invalid query" in bad.stderr and "Traceback" not in bad.stderr
     off = await asyncio.to_thread(cli, s.with_overrides(search={"backend": "off"}), "quokka")
     assert off.returncode == 2 and "search is off" in off.stderr
+
+
+@pytest.mark.parametrize(("env", "fails"), [({}, False), ({"CI": "0"}, False), ({"CI": "true"}, True),
+                                            ({"BUSSCRAPE_REQUIRE_POSTGRES": "1"}, True)])
+def test_a_missing_postgresql_skips_outside_ci_and_fails_in_it(env, fails):
+    from tests.support.postgres import unavailable
+
+    try:
+        unavailable("PostgreSQL is not installed", env)
+    except BaseException as exc:  # pytest's outcomes are BaseExceptions: caught here, not acted on
+        outcome = exc
+    else:
+        raise AssertionError("neither skipped nor failed")
+    assert type(outcome) is (pytest.fail.Exception if fails else pytest.skip.Exception), outcome
+    assert "PostgreSQL is not installed" in str(outcome)
+
+
+def test_make_test_requires_postgresql():
+    from pathlib import Path
+
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest" in recipe
