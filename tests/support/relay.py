@@ -19,13 +19,20 @@ from collections.abc import Callable
 
 from busscrape.bus import names
 
-_TASK_ACKS = f"$JS.ACK.{names.TASKS_STREAM}.{names.WORKERS_CONSUMER}.".encode()
 _RESULTS = names.result_subject("").encode()
 
 
-def task_ack(subject: bytes, payload: bytes) -> bool:
-    """A worker's ack of its task (``ack_sync`` sends an empty one; not a heartbeat ``+WPI`` nor a nak)."""
-    return subject.startswith(_TASK_ACKS) and payload in (b"", b"+ACK")
+def ack_of(stream: str, consumer: str) -> Callable[[bytes, bytes], bool]:
+    """An ack of a message of ``stream`` by ``consumer`` (``ack_sync`` sends an empty one; not a
+    heartbeat ``+WPI`` nor a nak)."""
+    prefix = f"$JS.ACK.{stream}.{consumer}.".encode()
+    return lambda subject, payload: subject.startswith(prefix) and payload in (b"", b"+ACK")
+
+
+task_ack = ack_of(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+"""A worker's ack of its task."""
+result_ack = ack_of(names.RESULTS_STREAM, names.INGESTERS_CONSUMER)
+"""An ingester's ack of a result."""
 
 
 def result_publish(subject: bytes, payload: bytes) -> bool:

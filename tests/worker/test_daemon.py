@@ -169,6 +169,26 @@ async def test_retry_after_is_honoured(wbus, wsettings, site, stamps):
     assert letter.reason == "http_429" and [a.status for a in letter.attempts] == [429, 429, 429]
 
 
+def test_the_workers_backoff_doubles_from_its_base_with_jitter_up_to_its_cap(wsettings):
+    from busscrape.worker.failures import Failures
+
+    failures = Failures(None, wsettings, None, None, lambda _: None)  # retry_base_delay 200ms, max 1s
+    for attempt, low, high in [(1, 0.1, 0.2), (2, 0.2, 0.4), (3, 0.4, 0.8), (4, 0.5, 1.0), (50, 0.5, 1.0)]:
+        delays = [failures.retry_delay(attempt) for _ in range(50)]
+        assert all(low <= d <= high for d in delays) and len(set(delays)) > 1, (attempt, min(delays), max(delays))
+    assert all(0.3 <= failures.retry_delay(1, 0.3) <= 0.3 for _ in range(10))  # Retry-After over the curve
+    assert all(failures.retry_delay(1, 3600) == 1.0 for _ in range(10))  # ... but never past the cap
+
+
+async def test_a_retry_after_beyond_the_cap_waits_only_the_cap(wbus, wsettings, site, stamps):
+    # An origin asking for an hour: the worker waits retry_max_delay (1s), so the three attempts
+    # end in a dead letter within this bounded run (uncapped, the run would go idle and exit first).
+    await enqueue(wbus.js, site.url("/status?code=503&retry_after=3600"))
+    await run_worker(wbus, wsettings, exit_when_idle=4)
+    [letter] = await dead_letters(wbus.js)
+    assert letter.reason == "http_503" and [a.status for a in letter.attempts] == [503, 503, 503]
+
+
 async def test_a_page_that_never_finishes_times_out_retries_and_dead_letters(wbus, wsettings, site, stamps):
     await enqueue(wbus.js, site.url("/never"))
     await run_worker(wbus, wsettings, navigation_timeout=1.0)
