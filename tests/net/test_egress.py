@@ -1,7 +1,9 @@
 """The SOCKS5 egress proxy, spoken to directly."""
 
 import asyncio
+import ipaddress
 import struct
+from typing import ClassVar
 
 from busscrape.net.egress import EgressProxy
 from busscrape.net.policy import NetworkPolicy
@@ -96,3 +98,27 @@ async def test_half_closed_and_silent_connections_are_let_go(tmp_path):
         await asyncio.sleep(0.5)
         assert open_descriptors() <= before + 2  # the proxy's own listener and a little slack
     far.close()
+
+
+async def test_the_proxy_connects_to_exactly_the_address_it_checked():
+    """A resolver that answers an allowed address, then a blocked one (DNS rebinding): the proxy
+    resolves once and connects to the address it checked, never to a second answer."""
+    from tests.support.site import Site
+
+    class Rebinding(NetworkPolicy):
+        answers: ClassVar[list[str]] = []
+
+        async def resolve(self, host, port):
+            self.answers.append(host)
+            return [ipaddress.ip_address("127.0.0.4" if len(self.answers) % 2 else "127.0.0.5")]
+
+    with Site(hosts=("127.0.0.4",)) as allowed, Site(hosts=("127.0.0.5",), port=allowed.port) as blocked:
+        allowed.page("/which", "the allowed one")
+        blocked.page("/which", "the blocked one")
+        async with EgressProxy(Rebinding.from_settings(["127.0.0.4/32"])) as proxy:
+            code, reader, writer = await socks_connect(proxy, "rebinding.test", allowed.port)
+            assert code == 0
+            writer.write(b"GET /which HTTP/1.1\r\nHost: rebinding.test\r\nConnection: close\r\n\r\n")
+            body = await reader.read()
+            writer.close()
+        assert body.endswith(b"the allowed one") and sum(blocked.hits.values()) == 0
