@@ -19,14 +19,20 @@ async def socks_connect(proxy, host: str, port: int) -> tuple[int, asyncio.Strea
     return reply[1], reader, writer
 
 
+async def get_through(proxy, host: str, port: int, path: str) -> bytes:
+    """An HTTP GET through the proxy; the whole response."""
+    code, reader, writer = await socks_connect(proxy, host, port)
+    assert code == 0
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    body = await reader.read()
+    writer.close()
+    return body
+
+
 async def test_allowed_connections_carry_bytes_both_ways(site):
     site.page("/hello", "hello through socks")
     async with EgressProxy(NetworkPolicy.from_settings(["127.0.0.2/32"])) as proxy:
-        code, reader, writer = await socks_connect(proxy, "127.0.0.2", site.port)
-        assert code == 0
-        writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        body = await reader.read()
-        writer.close()
+        body = await get_through(proxy, "127.0.0.2", site.port, "/hello")
     assert b"200 OK" in body and body.endswith(b"hello through socks")
 
 
@@ -116,9 +122,5 @@ async def test_the_proxy_connects_to_exactly_the_address_it_checked():
         allowed.page("/which", "the allowed one")
         blocked.page("/which", "the blocked one")
         async with EgressProxy(Rebinding.from_settings(["127.0.0.4/32"])) as proxy:
-            code, reader, writer = await socks_connect(proxy, "rebinding.test", allowed.port)
-            assert code == 0
-            writer.write(b"GET /which HTTP/1.1\r\nHost: rebinding.test\r\nConnection: close\r\n\r\n")
-            body = await reader.read()
-            writer.close()
+            body = await get_through(proxy, "rebinding.test", allowed.port, "/which")
         assert body.endswith(b"the allowed one") and sum(blocked.hits.values()) == 0
