@@ -29,6 +29,7 @@ from busscrape.model.messages import ScrapeTask, TaskOptions, decode, encode, ta
 from busscrape.model.steps import Click, Scroll
 from tests.conftest import make_settings, wipe
 from tests.dispatch.test_inputs import content_lines
+from tests.support.bus import wait_until
 from tests.support.net import TcpProxy
 from tests.support.procs import env_for, kill9, spawn
 
@@ -175,18 +176,46 @@ async def test_missing_streams_say_how_to_fix_it(bus, settings):
         await dispatch(bus, settings, ["http://example.com/"])
 
 
+def watch_paths(dispatcher: Dispatcher) -> Counter:
+    """Count the publishes settled after a retry and the keys read back to settle one, so that a
+    test of those paths fails when they never ran."""
+    seen: Counter = Counter()
+    settled, resolve = dispatcher._settled, dispatcher._resolve
+
+    def counting_settled(pub):
+        seen["retried"] += pub.attempts > 1
+        settled(pub)
+
+    async def counting_resolve(pub):
+        seen["read_back"] += 1
+        await resolve(pub)
+
+    dispatcher._settled, dispatcher._resolve = counting_settled, counting_resolve
+    return seen
+
+
+def _in_flight(dispatcher: Dispatcher) -> list:
+    publisher = dispatcher._publisher
+    return [*publisher._pending.values(), *publisher._resting.values()]
+
+
 async def test_retries_after_timeouts_publish_each_task_once(applied, settings, nats_server):
     s = settings.with_overrides(nats={"request_timeout": "300ms"}, dispatch={"publish_retries": 6})
     source = [f"http://example.com/{i}" for i in range(300)]
     async with Dispatcher(applied, s, DEFAULTS) as dispatcher:
+        paths = watch_paths(dispatcher)
         os.kill(nats_server.process.pid, signal.SIGSTOP)  # every PubAck is now late
         try:
             running = asyncio.create_task(dispatcher.dispatch(source))
-            await asyncio.sleep(1.0)
+            # frozen past request_timeout: the first attempts time out and are sent again
+            await wait_until(lambda: asyncio.sleep(0, dispatcher._publisher is not None
+                                                   and any(p.attempts > 1 for p in _in_flight(dispatcher))),
+                             timeout=30, every=0.05)
         finally:
             os.kill(nats_server.process.pid, signal.SIGCONT)
         summary = await asyncio.wait_for(running, 60)
     assert (summary.published, summary.already_seen, summary.failed) == (300, 0, 0)
+    assert paths["retried"] > 0  # the retry path ran (and each retry still queued its task once)
     assert await settled(applied.js) == 300
 
 
@@ -208,14 +237,19 @@ async def test_a_cut_connection_loses_no_task_and_queues_none_twice(applied, set
             assert not running.done()  # the cut comes mid-run, with publishes in flight
             # PubAcks in flight are lost, some after the server stored the task: their retries hear
             # "wrong last sequence" and are settled by reading the key back.
+            paths = watch_paths(dispatcher)
             proxy.down()
-            await asyncio.sleep(0.3)
+            # down until publishes in flight have timed out and been sent again (request_timeout 500ms)
+            await wait_until(lambda: asyncio.sleep(0, any(p.attempts > 1 for p in _in_flight(dispatcher))),
+                             timeout=30, every=0.05)
             proxy.up()
             summary = await asyncio.wait_for(running, 120)
     finally:
         await bus.close()
         proxy.close()
     assert (summary.published, summary.already_seen, summary.failed, summary.unconfirmed) == (20_000, 0, 0, 0)
+    assert paths["retried"] > 0  # publishes in flight at the cut were sent again ...
+    assert paths["read_back"] > 0  # ... and those the server had stored were settled by reading the key back
     assert await settled(applied.js) == 20_000
     assert set((await tasks_by_subject(applied.js)).values()) == {1}
 
