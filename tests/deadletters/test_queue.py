@@ -255,3 +255,55 @@ async def test_list_and_show_print_what_a_page_wrote_as_text(applied, settings):
     assert listed.returncode == 0 and shown.returncode == 0, (listed.stderr, shown.stderr)
     assert "/[bold]x[/]" in listed.stdout and "\x1b" not in listed.stdout  # the URL as it is
     assert shown_safely(shown.stdout), shown.stdout
+
+
+async def test_a_replay_run_again_after_a_crash_between_its_puback_and_the_delete_queues_the_task_once(
+        applied, settings, letters):
+    import nats.errors
+
+    from busscrape.deadletters.queue import DeadLetterQueue
+
+    js = applied.js
+    dlq = DeadLetterQueue(js)
+    entry = await dlq.get(letters["recent_500"])
+
+    async def lost(*args, **kwargs):
+        raise nats.errors.TimeoutError  # the PubAck came; then the process was gone before the delete
+
+    js.delete_msg, delete = lost, js.delete_msg
+    try:
+        first = await dlq.replay(entry)
+    finally:
+        js.delete_msg = delete
+    assert first.action == "failed" and "does not queue it twice" in first.detail
+    assert letters["recent_500"] in await seqs_of(js) and await count(js, names.TASKS_STREAM) == 1
+    again = await dlq.replay(await dlq.get(letters["recent_500"]))  # the operator runs it again
+    assert again.action == "replayed" and again.detail == "already queued by an earlier replay of this letter"
+    assert await count(js, names.TASKS_STREAM) == 1 and letters["recent_500"] not in await seqs_of(js)
+
+
+async def test_a_scan_stops_at_the_last_letter_there_was_when_it_began(applied, settings, letters):
+    import contextlib
+
+    from busscrape.deadletters.queue import DeadLetterQueue, LetterFilter
+
+    js = applied.js
+    info = js.stream_info
+
+    async def then_a_new_letter(*args, **kwargs):
+        # Right after the scan has read where the stream ends, before it reads a letter: a letter
+        # filed now (a task that a running replay queued, dying again) is past that end.
+        js.stream_info = info  # once
+        found = await info(*args, **kwargs)
+        await filing.file(js, DeadLetter(stage="worker", reason="not_json", error="later", payload="x"),
+                          msg_id="later")
+        return found
+
+    js.stream_info = then_a_new_letter
+    try:
+        async with contextlib.aclosing(DeadLetterQueue(js).scan(LetterFilter())) as entries:
+            scanned = [entry.seq async for entry in entries]
+    finally:
+        js.stream_info = info
+    assert scanned == sorted(letters.values())
+    assert len(await seqs_of(applied.js)) == len(letters) + 1
