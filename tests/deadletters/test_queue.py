@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import subprocess
 from datetime import timedelta
 
 import orjson
@@ -307,3 +308,32 @@ async def test_a_scan_stops_at_the_last_letter_there_was_when_it_began(applied, 
         js.stream_info = info
     assert scanned == sorted(letters.values())
     assert len(await seqs_of(applied.js)) == len(letters) + 1
+
+
+def on_a_terminal(nats_url: str, answer: bytes, *args: str) -> tuple[int, str]:
+    """``busscrape ARGS`` with a pseudo-terminal for stdin, answering its question with ``answer``."""
+    import os
+    import pty
+    import sys
+
+    from tests.ops.test_overview import cli_env
+
+    master, slave = pty.openpty()
+    try:
+        os.write(master, answer)  # typed ahead: the terminal holds it until the prompt reads it
+        proc = subprocess.run([sys.executable, "-m", "busscrape", *args], stdin=slave, capture_output=True,
+                              text=True, env=cli_env(nats_url), timeout=90)
+    finally:
+        os.close(slave)
+        os.close(master)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+async def test_purge_on_a_terminal_asks_first_and_deletes_only_on_yes(applied, settings, letters):
+    url, js = settings.nats.url, applied.js
+    code, said = await asyncio.to_thread(on_a_terminal, url, b"n\n", "dlq", "purge", "--reason", "http_*")
+    assert code == 1 and "Delete 2 dead letters for good?" in said and "nothing deleted" in said
+    assert await seqs_of(js) == set(letters.values())
+    code, said = await asyncio.to_thread(on_a_terminal, url, b"y\n", "dlq", "purge", "--reason", "http_*")
+    assert code == 0, said
+    assert await seqs_of(js) == set(letters.values()) - {letters["old_404"], letters["recent_500"]}
