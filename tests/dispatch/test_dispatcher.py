@@ -357,7 +357,8 @@ async def test_cli_without_streams_or_server_exits_2_with_the_fix(bus, settings,
     assert unreachable.returncode == 2 and b"cannot connect to NATS" in unreachable.stderr
 
 
-async def test_cli_interrupted_prints_the_summary_and_exits_130(applied, settings, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_cli_interrupted_prints_the_summary_and_exits_130(applied, settings, tmp_path, sig):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "busscrape", "dispatch", "-", "--json", env=env_for(settings),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -368,7 +369,7 @@ async def test_cli_interrupted_prints_the_summary_and_exits_130(applied, setting
             if (await applied.js.stream_info(names.SEEN_STREAM)).state.messages == 2:
                 break
             await asyncio.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = await asyncio.wait_for(proc.communicate(), 30)
     finally:
         if proc.returncode is None:
@@ -410,3 +411,31 @@ def test_fuzz_bad_input_never_crashes_and_every_line_is_classified(settings, tmp
                             + summary.published + summary.failed + summary.unconfirmed)
     assert set(summary.invalid_by_reason) <= set(inputs.REASONS) | set(urls.REASONS)
     assert summary.failed == summary.unconfirmed == summary.already_seen == 0
+
+
+async def interrupted_while_frozen(applied, settings, nats_server, *, drain: str, stops: int):
+    """Dispatch 50 URLs to a frozen server (no PubAck can come), then stop the dispatcher
+    ``stops`` times once it has read them all; its summary."""
+    s = settings.with_overrides(nats={"request_timeout": "60s"}, dispatch={"drain_timeout": drain})
+    async with Dispatcher(applied, s, DEFAULTS) as dispatcher:
+        os.kill(nats_server.process.pid, signal.SIGSTOP)
+        try:
+            running = asyncio.create_task(dispatcher.dispatch([f"http://example.com/frozen/{i}" for i in range(50)]))
+            await wait_until(lambda: asyncio.sleep(0, dispatcher.counts.read == 50), timeout=30, every=0.05)
+            for _ in range(stops):
+                dispatcher.stop()
+            summary = await asyncio.wait_for(running, 30)  # the 60 s request_timeout is not waited for
+        finally:
+            os.kill(nats_server.process.pid, signal.SIGCONT)
+    return summary
+
+
+async def test_a_stop_waits_the_drain_timeout_then_counts_what_is_unconfirmed(applied, settings, nats_server):
+    summary = await interrupted_while_frozen(applied, settings, nats_server, drain="1s", stops=1)
+    assert summary.interrupted and (summary.read, summary.published, summary.unconfirmed) == (50, 0, 50)
+    assert summary.exit_code() == 130
+
+
+async def test_a_second_stop_cuts_the_drain_short(applied, settings, nats_server):
+    summary = await interrupted_while_frozen(applied, settings, nats_server, drain="10m", stops=2)
+    assert summary.interrupted and summary.unconfirmed == 50
