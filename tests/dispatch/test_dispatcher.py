@@ -199,10 +199,13 @@ def _in_flight(dispatcher: Dispatcher) -> list:
     return [*publisher._pending.values(), *publisher._resting.values()]
 
 
-async def test_retries_after_timeouts_publish_each_task_once(applied, settings, nats_server):
+@pytest.mark.parametrize("force", [False, True], ids=["create", "force"])
+async def test_retries_after_timeouts_publish_each_task_once(applied, settings, nats_server, force):
+    # --force puts without the expected-sequence header: there the Nats-Msg-Id alone keeps a
+    # retried put from landing (and being queued) twice.
     s = settings.with_overrides(nats={"request_timeout": "300ms"}, dispatch={"publish_retries": 6})
     source = [f"http://example.com/{i}" for i in range(300)]
-    async with Dispatcher(applied, s, DEFAULTS) as dispatcher:
+    async with Dispatcher(applied, s, DEFAULTS, force=force) as dispatcher:
         paths = watch_paths(dispatcher)
         os.kill(nats_server.process.pid, signal.SIGSTOP)  # every PubAck is now late
         try:
@@ -216,6 +219,8 @@ async def test_retries_after_timeouts_publish_each_task_once(applied, settings, 
         summary = await asyncio.wait_for(running, 60)
     assert (summary.published, summary.already_seen, summary.failed) == (300, 0, 0)
     assert paths["retried"] > 0  # the retry path ran (and each retry still queued its task once)
+    assert (await applied.js.stream_info(names.SEEN_STREAM)).state.messages == 300
+    assert set((await tasks_by_subject(applied.js)).values()) == {1}
     assert await settled(applied.js) == 300
 
 

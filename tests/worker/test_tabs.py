@@ -263,3 +263,37 @@ async def test_the_browser_is_recycled_when_its_processes_use_more_than_recycle_
         async with pool.tab() as tab:
             await tab.page.goto(site.url("/plain"))
             assert pool.restarts == 1 and pool.pids()[0] != first
+
+
+# A page that tries to install a service worker (which would outlive the task in its origin) ...
+INSTALLER = """<title>sw</title><pre id=out></pre><script>
+navigator.serviceWorker.register('/sw.js').then((r) => new Promise((done) => {
+    const w = r.installing || r.waiting || r.active;
+    if (w.state === 'activated') done();
+    else w.addEventListener('statechange', () => w.state === 'activated' && done());
+  })).then(() => 'registered', (e) => 'refused: ' + e.name)
+  .then((outcome) => { document.getElementById('out').textContent = outcome;
+                       document.body.insertAdjacentHTML('beforeend', '<p id=done>tried</p>'); });
+</script>"""
+# ... and the next task on that origin, asking what is registered there.
+REGISTRATIONS = """<title>sw2</title><pre id=out></pre><script>
+navigator.serviceWorker.getRegistrations().then((all) => {
+  document.getElementById('out').textContent = 'registrations: ' + all.length;
+  document.body.insertAdjacentHTML('beforeend', '<p id=done>read</p>'); });
+</script>"""
+
+
+@pytest.mark.parametrize("isolation", ["tab", "context"])
+async def test_a_page_cannot_install_a_service_worker_for_the_next_task(wbus, wsettings, site, isolation):  # noqa: F811
+    @site.route("/sw.js")
+    async def worker_script(request):
+        return web.Response(text="self.addEventListener('fetch', () => {});", content_type="text/javascript")
+
+    await render_in_turn(wbus, wsettings, site, isolation, {"/sw": INSTALLER, "/sw-next": REGISTRATIONS})
+    seen = {}
+    for r in await results(wbus.js):
+        html = (await ArtifactStore(wbus.js).read(r.artifacts[0])).decode()
+        seen[r.url] = html.split('<pre id="out">')[1].split("</pre>")[0]
+    # Blocked (the context's service_workers="block"): the worker never becomes active, and the
+    # next task on the origin finds nothing registered (the wipe clears what was attempted).
+    assert seen[site.url("/sw")].startswith("refused: ") and seen[site.url("/sw-next")] == "registrations: 0"
