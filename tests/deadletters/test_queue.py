@@ -80,6 +80,7 @@ async def seqs_of(js) -> set[int]:
     return {m.seq for m in await stream_messages(js, names.DEADLETTER_STREAM)}
 
 
+@pytest.mark.slow  # eleven CLI processes at once: ~25 s on two loaded cores
 async def test_list_filters_select_the_right_letters(applied, settings, letters):
     cases = {
         (): set(letters),
