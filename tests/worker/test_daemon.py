@@ -198,6 +198,7 @@ async def test_a_page_that_never_finishes_times_out_retries_and_dead_letters(wbu
     assert len(stamps["/never"]) == 3
 
 
+@pytest.mark.slow  # ~30 s on two loaded cores
 async def test_a_20mb_page_and_a_10mb_screenshot_flow_through_byte_identical(wbus, wsettings, site, stamps):
     await enqueue(wbus.js, site.url("/big"), options=TaskOptions(artifacts=("html",)))
     await enqueue(wbus.js, site.url("/noise"), options=TaskOptions(artifacts=("screenshot",)))
