@@ -58,7 +58,7 @@ def main() -> None:
                 urls_file = tmpdir / f"urls-{r}-{mode}.txt"
                 urls_file.write_text("".join(f"{u}&round={r}&warc={mode}\n" for u in urls))
                 rates[mode] = busscrape_run(urls_file, tmpdir / f"run-{r}-{mode}", args.concurrency,
-                                            ("--artifacts", artifacts))
+                                            "--artifacts", artifacts)
             ratios.append(rates["on"] / rates["off"])
             print(f"round {r + 1}: warc off {rates['off']:.2f} pages/s  warc on {rates['on']:.2f} pages/s  "
                   f"on/off={ratios[-1]:.2f}", flush=True)
@@ -67,7 +67,7 @@ def main() -> None:
         urls_file = tmpdir / "urls-sizes.txt"
         urls_file.write_text("".join(f"{u}&sizes=1\n" for u in urls))
         busscrape_run(urls_file, tmpdir / "run-sizes", args.concurrency,
-                      ("--artifacts", DEFAULT + ",warc", "--har-content", "embed"))
+                      "--artifacts", DEFAULT + ",warc", "--har-content", "embed")
         found = sizes(tmpdir / "run-sizes" / "state" / "archive")
         if not found["warc"]:
             raise SystemExit("no page archived both a WARC and a HAR")
