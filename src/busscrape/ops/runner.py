@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -35,6 +36,10 @@ from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.ops.supervisor import Daemons
 from busscrape.settings import Settings
 from busscrape.status.tracker import Tracker
+
+if TYPE_CHECKING:
+    from busscrape.crawl.progress import CrawlSummary
+    from busscrape.crawl.spec import CrawlSpec
 
 log = structlog.get_logger("busscrape.run")
 
@@ -55,6 +60,8 @@ class RunOptions:
     fmt: InputFormat = "auto"
     on_rejected: Callable[[Rejection], None] | None = None
     """Called with each rejected input line (``--rejects`` writes them)."""
+    crawl: CrawlSpec | None = None
+    """Crawl from these rules instead of dispatching ``source`` (``busscrape crawl``)."""
 
 
 @dataclass
@@ -74,6 +81,8 @@ class RunSummary:
     earlier: Counter[str] = field(default_factory=Counter)
     """Outcomes among ``outcomes`` recorded before this run began (a re-run of the same input
     finds its tasks already seen, and most of them already archived)."""
+    crawl: CrawlSummary | None = None
+    """What the crawl's links became (``busscrape crawl``)."""
 
     @property
     def archived_now(self) -> int:
@@ -175,8 +184,16 @@ class Runner:
             if embedded or self.options.with_daemons:
                 daemons = Daemons(settings, workers=self.options.workers)
                 await stack.enter_async_context(daemons)
-            summary = await self._dispatch(bus, settings, tracker)
-            await self._wait(tracker, summary, started)
+            crawl = None
+            if self.options.crawl is not None:
+                from busscrape.crawl.run import crawl_until_done
+
+                summary = None
+                crawl = await crawl_until_done(bus, settings, self.options.crawl, tracker, self._stop,
+                                               lambda: self._report(tracker, None, time.monotonic() - started))
+            else:
+                summary = await self._dispatch(bus, settings, tracker)
+                await self._wait(tracker, summary, started)
             unfiled = await self._letters_archived(bus, tracker) if not self._stop.is_set() else 0
             if daemons is not None:
                 # Done: the daemons are idle and exit at once. Interrupted: a few seconds for
@@ -192,7 +209,7 @@ class Runner:
                               seconds=time.monotonic() - started, archive=archive,
                               interrupted=self._stop.is_set(),
                               failed_daemons=daemons.failed() if daemons else [], letters_unarchived=unfiled,
-                              locations=locations, earlier=earlier)
+                              locations=locations, earlier=earlier, crawl=crawl)
 
     async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
         since = utcnow()
