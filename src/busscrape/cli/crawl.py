@@ -105,7 +105,7 @@ def crawl_cmd(
 
         doc = summary_dict(summary)
         doc["crawl"] = summary.crawl.as_dict() if summary.crawl else None
-        sys.stdout.write(orjson.dumps(doc).decode() + "\n")
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
     else:
         if summary.crawl is not None:
             out.print(crawl_table(summary.crawl))
