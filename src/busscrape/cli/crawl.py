@@ -118,22 +118,14 @@ def build_spec(s: Settings, seeds: list[str], defaults: Any, **rules: Any) -> Cr
     """The crawl's rules from the flags (exit 2 naming what is wrong)."""
     from pydantic import ValidationError
 
-    from busscrape.crawl.spec import CrawlSpec
-    from busscrape.dispatch.urls import UrlNormaliser, UrlRules
+    from busscrape.crawl.run import make_spec
     from busscrape.errors import InputError
     from busscrape.model.messages import describe_validation_error
 
-    normalise = UrlNormaliser(UrlRules.from_settings(s.dispatch))
-    normalised = []
-    for seed in seeds:
-        try:
-            normalised.append(normalise(seed))
-        except InputError as exc:
-            options.usage(f"SEED {seed!r}: {exc}")
-    given = {k: v for k, v in rules.items() if v is not None}
     try:
-        return CrawlSpec(seeds=tuple(dict.fromkeys(normalised)), steps=defaults.steps, options=defaults.options,
-                         labels=defaults.labels, **given)
+        return make_spec(s, seeds, steps=defaults.steps, options=defaults.options, labels=defaults.labels, **rules)
+    except InputError as exc:
+        options.usage(exc.message)
     except ValidationError as exc:
         options.usage(f"invalid crawl: {describe_validation_error(exc)}")
 
@@ -149,23 +141,12 @@ async def _detach(s: Settings, spec: CrawlSpec) -> dict[str, int]:
 
 async def _status(s: Settings, crawl_id: str) -> CrawlSummary:
     from busscrape.bus.connection import Bus
-    from busscrape.crawl.progress import summarise
-    from busscrape.crawl.state import CrawlState
-    from busscrape.status.records import StatusBoard
+    from busscrape.crawl.run import crawl_status
 
     async with await Bus.connect(s, name="busscrape-crawl-status") as bus:
-        state = CrawlState(bus.js)
-        pages = await state.pages(crawl_id)
-        if not pages:
-            options.usage(f"no crawl {crawl_id!r} on this server (its id is printed when it starts)")
-        summary = summarise(crawl_id, pages)
-        summary.budget_used = await state.used(crawl_id)
-        board = StatusBoard(bus.js)
-        for task_id in (t for record in pages.values() for t in record.get("queued") or ()):
-            latest = await board.latest(task_id)
-            state = latest[0].state if latest is not None else None
-            summary.archived += state == "archived"
-            summary.dead += state == "dead"
+        summary = await crawl_status(bus, crawl_id)
+    if summary is None:
+        options.usage(f"no crawl {crawl_id!r} on this server (its id is printed when it starts)")
     return summary
 
 

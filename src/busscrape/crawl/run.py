@@ -17,12 +17,48 @@ from busscrape.crawl.frontier import Frontier
 from busscrape.crawl.progress import CrawlSummary, CrawlWatch
 from busscrape.crawl.sitemaps import sitemap_urls
 from busscrape.crawl.spec import CrawlSpec
-from busscrape.crawl.state import SEEDS
+from busscrape.crawl.state import SEEDS, CrawlState
+from busscrape.dispatch.urls import UrlNormaliser, UrlRules
+from busscrape.errors import InputError
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
 from busscrape.status.tracker import Tracker
 
 CRAWL_NEEDS: frozenset[names.Need] = frozenset({("kv", names.CRAWLS_BUCKET), *names.DISPATCH_NEEDS})
+
+
+def make_spec(settings: Settings, seeds: list[str] | tuple[str, ...], **fields: Any) -> CrawlSpec:
+    """A crawl's rules from what a user gave (the CLI's flags, the API's body): seeds normalised
+    as the dispatcher normalises; ``InputError`` naming a bad seed, pydantic's ``ValidationError``
+    for a bad rule."""
+    normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
+    normalised = []
+    for seed in seeds:
+        try:
+            normalised.append(normalise(seed))
+        except InputError as exc:
+            raise InputError(f"seed {seed!r}: {exc}", reason=exc.reason) from None
+    return CrawlSpec(seeds=tuple(dict.fromkeys(normalised)), **{k: v for k, v in fields.items() if v is not None})
+
+
+async def crawl_status(bus: Bus, crawl_id: str) -> CrawlSummary | None:
+    """The summary of a crawl as CRAWLS and STATUS have it now (None: no such crawl)."""
+    from busscrape.crawl.progress import summarise
+    from busscrape.status.records import StatusBoard
+
+    state = CrawlState(bus.js)
+    pages = await state.pages(crawl_id)
+    if not pages:
+        return None
+    summary = summarise(crawl_id, pages)
+    summary.budget_used = await state.used(crawl_id)
+    board = StatusBoard(bus.js)
+    for task_id in (t for record in pages.values() for t in record.get("queued") or ()):
+        latest = await board.latest(task_id)
+        outcome = latest[0].state if latest is not None else None
+        summary.archived += outcome == "archived"
+        summary.dead += outcome == "dead"
+    return summary
 
 
 async def start_crawl(bus: Bus, settings: Settings, spec: CrawlSpec) -> dict[str, Any]:
