@@ -73,6 +73,8 @@ class CrawlWatch:
         self.tracker = tracker
         self.crawl_id = crawl_id
         self.followed: set[str] = set()
+        self.tasks: set[str] = set()
+        """The crawl's tasks (the tracker may follow other tasks too: ``run`` of a mixed input)."""
         self._watcher: Any = None
         self._task: asyncio.Task[None] | None = None
 
@@ -103,6 +105,7 @@ class CrawlWatch:
 
     def see(self, page: str, record: dict[str, Any]) -> None:
         for task_id in record.get("queued") or ():
+            self.tasks.add(task_id)
             if task_id not in self.tracker.expected:
                 self.tracker.expect(task_id, None)
         self.followed.add(page)
@@ -110,15 +113,14 @@ class CrawlWatch:
 
     @property
     def done(self) -> bool:
-        tracker = self.tracker
-        if SEEDS not in self.followed or not tracker.done:
+        final = self.tracker.final
+        if SEEDS not in self.followed or not all(t in final for t in self.tasks):
             return False
-        return all(t in self.followed for t, status in tracker.final.items()
-                   if status.state == "archived" and t in tracker.expected)
+        return all(t in self.followed for t in self.tasks if final[t].state == "archived")
 
     async def summary(self) -> CrawlSummary:
         summary = summarise(self.crawl_id, await self.state.pages(self.crawl_id))
-        counts = self.tracker.counts()
-        summary.archived, summary.dead = counts.get("archived", 0), counts.get("dead", 0)
+        states = [self.tracker.final[t].state for t in self.tasks if t in self.tracker.final]
+        summary.archived, summary.dead = states.count("archived"), states.count("dead")
         summary.budget_used = await self.state.used(self.crawl_id)
         return summary

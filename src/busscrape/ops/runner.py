@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -133,6 +133,8 @@ class Runner:
         self._stops = 0
         self._dispatcher: Dispatcher | None = None
         self.rejections: list[Rejection] = []
+        self._crawls: dict[str, Any] = {}
+        """crawl id -> its ``CrawlWatch``: crawls that lines of the input started (``crawl`` blocks)."""
         self.pids = PidFiles(settings.state_dir)
 
     def stop(self) -> None:
@@ -218,6 +220,8 @@ class Runner:
             on_published=lambda task_id: tracker.expect(task_id, since),
             on_already_seen=tracker.expect_existing,
             on_rejected=self._rejected,
+            on_crawl=lambda crawl_id: self._crawls.setdefault(crawl_id, asyncio.ensure_future(
+                self._watch_crawl(bus, tracker, crawl_id))),
         )
         async with self._dispatcher as dispatcher:
             if self._stop.is_set():
@@ -227,6 +231,21 @@ class Runner:
                 await asyncio.wait({dispatching}, timeout=0.5)
                 self._report(tracker, dispatcher.summary(), 0.0)
             return dispatching.result()
+
+    async def _watch_crawl(self, bus: Bus, tracker: Tracker, crawl_id: str) -> Any:
+        from busscrape.crawl.progress import CrawlWatch
+        from busscrape.crawl.state import CrawlState
+
+        watch = CrawlWatch(CrawlState(bus.js), tracker, crawl_id)
+        await watch.start()
+        return watch
+
+    async def _crawls_done(self) -> bool:
+        """Every crawl the input started has followed all its pages (``crawl.progress``)."""
+        for started in self._crawls.values():
+            if not started.done() or not started.result().done:
+                return False
+        return True
 
     def _rejected(self, rejection: Rejection) -> None:
         self.rejections.append(rejection)
@@ -255,10 +274,17 @@ class Runner:
         return max(waiting, 0)
 
     async def _wait(self, tracker: Tracker, summary: DispatchSummary, started: float) -> None:
-        while not tracker.done and not self._stop.is_set():
-            await tracker.changed(timeout=0.5)
+        try:
+            while not (tracker.done and await self._crawls_done()) and not self._stop.is_set():
+                await tracker.changed(timeout=0.5)
+                self._report(tracker, summary, time.monotonic() - started)
             self._report(tracker, summary, time.monotonic() - started)
-        self._report(tracker, summary, time.monotonic() - started)
+        finally:
+            for started_watch in self._crawls.values():
+                if started_watch.done() and not started_watch.cancelled():
+                    await started_watch.result().stop()
+                else:
+                    started_watch.cancel()
 
     def _report(self, tracker: Tracker, summary: DispatchSummary | None, elapsed: float) -> None:
         if self.progress is not None:
