@@ -174,3 +174,31 @@ async def test_sitemaps_seed_the_crawl_and_since_filters_them(applied, settings,
     urls = sorted(t.url for t in await seen_tasks(applied))
     assert urls == [site.url("/"), site.url("/only-in-sitemap")]  # /b's lastmod is before --sitemap-since
     assert record["counts"]["queued"] == 2
+
+
+async def test_domain_scope_follows_the_registrable_domain_through_the_policys_resolver(applied, settings, site):
+    from busscrape.net.policy import AllowList
+    from tests.support.names import NamedPolicy
+
+    names_ = {"shop.example.co.uk": site.hosts[0], "blog.example.co.uk": site.hosts[1],
+              "other.co.uk": site.hosts[1]}
+    policy = NamedPolicy(AllowList.parse([f"{h}/32" for h in site.hosts]), names=names_)
+    port = site.port
+    spec = CrawlSpec(seeds=(f"http://shop.example.co.uk:{port}/",), scope="domain", robots="ignore",
+                     exclude=[r"/skip"])
+    frontier = Frontier(applied.js, settings, policy)
+    await frontier.seed(spec)
+    page = page_task(spec, f"http://shop.example.co.uk:{port}/a")
+    links = PageLinks((f"http://blog.example.co.uk:{port}/x", f"http://other.co.uk:{port}/y",
+                       f"http://shop.example.co.uk:{port}/skip/1", "http://10.1.2.3/private"), 4, HTML)
+    await frontier.follow(page, page.url, links)
+    record = await frontier.state.page(spec.crawl_id, page.task_id)
+    assert record["counts"]["queued"] == 1  # blog.example.co.uk: the same registrable domain
+    assert {(s["url"].split("/")[2].split(":")[0], s["reason"]) for s in record["skipped"]} == {
+        ("other.co.uk", "out_of_scope"), ("shop.example.co.uk", "excluded"), ("10.1.2.3", "out_of_scope")}
+    spec_any = CrawlSpec(seeds=spec.seeds, scope="any", robots="ignore")
+    await frontier.seed(spec_any)
+    page_any = page_task(spec_any, page.url)
+    await frontier.follow(page_any, page.url, PageLinks(("http://10.1.2.3/private",), 1, HTML))
+    record = await frontier.state.page(spec_any.crawl_id, page_any.task_id)
+    assert record["counts"]["blocked"] == 1  # a private address the allow-list does not open

@@ -29,12 +29,12 @@ from nats.js import JetStreamContext
 from busscrape.bus import names
 from busscrape.bus.publisher import WRONG_LAST_SEQUENCE
 from busscrape.crawl.links import PageLinks
-from busscrape.crawl.robots import Robots
+from busscrape.crawl.robots import Robots, origin_of
 from busscrape.crawl.scope import ScopeRules
 from busscrape.crawl.spec import CrawlSpec, crawl_task_id
 from busscrape.crawl.state import SEEDS, CrawlState
 from busscrape.dispatch.urls import UrlNormaliser, UrlRules
-from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked
+from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked, RetryableError
 from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
@@ -46,6 +46,7 @@ OUTCOMES = ("discovered", "queued", "duplicate", "invalid", "out_of_scope", "exc
 """What a page record counts: every discovered link ends in exactly one of the others."""
 MAX_SKIPPED = 50  # skipped links named in a page record (the counts hold them all)
 IN_FLIGHT = 64  # SEEN requests at once per page
+MAX_ORIGINS = 10_000  # policy verdicts remembered per process
 
 
 class Frontier:
@@ -58,6 +59,8 @@ class Frontier:
         self._ttl = str(max(1, int(settings.dispatch.recrawl_after)))
         self._rules: dict[str, ScopeRules] = {}
         self._slots = asyncio.Semaphore(IN_FLIGHT)
+        self._blocked: dict[str, bool] = {}
+        """origin → whether the network policy refuses it (the worker's egress checks every request anyway)."""
 
     def rules(self, spec: CrawlSpec) -> ScopeRules:
         rules = self._rules.get(spec.crawl_id)
@@ -192,9 +195,20 @@ class Frontier:
 
     async def _admissible(self, spec: CrawlSpec, url: str) -> str | None:
         """Why the network policy or robots.txt keeps ``url`` out, or None."""
-        try:
-            await self.policy.check_url(url)
-        except PolicyBlocked:
+        origin = origin_of(url)
+        blocked = self._blocked.get(origin)
+        if blocked is None:  # once per origin, not per link: the policy resolves the host's name
+            try:
+                await self.policy.check_url(url)
+                blocked = False
+            except PolicyBlocked:
+                blocked = True
+            except RetryableError:
+                blocked = False  # cannot resolve now: the render will say (and retry)
+            if len(self._blocked) >= MAX_ORIGINS:
+                self._blocked.clear()
+            self._blocked[origin] = blocked
+        if blocked:
             return "blocked"
         if spec.robots == "obey" and not await self.robots.allowed(spec.crawl_id, url, spec.robots_agent):
             return "robots_disallowed"
