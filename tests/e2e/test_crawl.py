@@ -80,6 +80,12 @@ async def test_max_pages_archives_exactly_that_many_across_two_workers(tmp_path,
     code, output, again = await crawl(tmp_path, site, *BUDGET)
     assert code == 0, output[-3000:]
     assert again["archived"] == 4 and sum(archived_paths(archive).values()) == 4
+    # `crawl status ID` reads the same from the run's store, reopened.
+    proc = cli(["crawl", "status", summary["crawl"]["crawl_id"], "--json"], tmp_path, run_env(tmp_path, site))
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=120)
+    assert proc.returncode == 0, output[-3000:]
+    status = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+    assert (status["archived"], status["budget_used"], status["links"]["queued"]) == (4, 4, 4)
 
 
 async def test_a_worker_killed_mid_crawl_loses_nothing_and_nothing_is_archived_twice(tmp_path, nats_url, site):
