@@ -188,7 +188,11 @@ class Worker(PullService):
         if standing:
             await self.results.sweep(task, seq, range(1, story.attempt), keep=objects_of(standing))
         if task.crawl is not None:
-            await self._follow(task)  # the links kept before the result, if they were not followed
+            try:
+                await self._follow(task)  # the links kept before the result, if they were not followed
+            except RetryableError as exc:  # robots.txt or NATS not answering: the links wait, the page stands
+                await self.retry_later(msg, exc, "task.links_later", reason=exc.reason)
+                return True
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         self.count("already_done")
         log.info("task.already_done", settled=story.settled, standing=len(standing or ()))
