@@ -49,9 +49,14 @@ async def test_demo_archives_every_page_and_dead_letters_the_broken_link(tmp_pat
     output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
     assert proc.returncode == 0, output[-3000:]
     assert "demo ok" in output and "http_404" in output
-    found = metas(tmp_path / ".busscrape" / "archive")
+    everything = metas(tmp_path / ".busscrape" / "archive")
+    found = {k: m for k, m in everything.items() if "crawl" not in m}
+    crawled = [m for m in everything.values() if "crawl" in m]
     titles = {m["title"] for m in found.values()}
     assert len(found) == 10
+    # Then the small crawl: the home page and the first four of its links, one deep.
+    assert "crawl ok" in output and len(crawled) == 5
+    assert sorted(m["crawl"]["depth"] for m in crawled) == [0, 1, 1, 1, 1]
     assert {"busscrape demo", "A static article", "Live feed", "Gallery", "A slow page", "Shop"} <= titles
     # The shop's products carry their record; the lantern's price exists only after its JavaScript ran.
     from busscrape.ops.demo_shop import EXPECTED

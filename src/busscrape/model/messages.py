@@ -117,6 +117,17 @@ class TaskOptions(_Model):
         return value
 
 
+class CrawlRef(_Model):
+    """Where a task stands in a crawl (``busscrape crawl``): its rules live in the CRAWLS bucket
+    under ``crawl_id``; the task carries only its place in the link graph."""
+
+    crawl_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    depth: int = Field(0, ge=0)
+    """Seeds are depth 0; a link found on a page of depth d is depth d + 1."""
+    parent: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+    """The task id of the page the link was found on (None for a seed)."""
+
+
 class ScrapeTask(Message):
     """One URL to render."""
 
@@ -131,6 +142,8 @@ class ScrapeTask(Message):
     labels: dict[str, str] = {}
     """Free-form tags carried through to the result and the archive (``job``, ``customer``…)."""
     dispatched_at: datetime = Field(default_factory=utcnow)
+    crawl: CrawlRef | None = None
+    """Set on the tasks of a crawl: the page's links are followed (``crawl.frontier``)."""
 
 
 def identity_tail(steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None) -> bytes:
@@ -213,6 +226,8 @@ class ScrapeResult(Message):
     """When the task was dispatched (tells re-dispatches of one task id apart)."""
     extraction: Extraction | None = None
     """The task's extractor's record (tasks with an ``extractor`` only)."""
+    crawl: CrawlRef | None = None
+    """The task's place in its crawl (crawl tasks only); ``meta.json`` records it."""
 
 
 # -- dead letter --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from busscrape.artifacts.files import CONTENT_TYPES, HAR_FILE, HTML_FILE, TEXT_FILE, WARC_FILE, screenshot_file
+from busscrape.crawl.links import LINKS_JS, MAX_LINKS, PageLinks
 from busscrape.errors import LimitExceeded, NavigationTimeout
 from busscrape.model import bounds
 from busscrape.model.messages import ScrapeTask
@@ -83,6 +84,8 @@ class Rendered:
     har_bodies_dropped: bool = False
     html: str | None = None
     """The rendered DOM as HTML, for the task's extractor (tasks with one only)."""
+    links: PageLinks | None = None
+    """The links of the rendered DOM (crawl tasks only)."""
 
 
 @dataclass
@@ -101,6 +104,8 @@ class Visit:
     har: HarRecorder | None
     timings: dict[str, float]
     warc: WarcRecorder | None = None
+    follow: str | None = None
+    """CSS selector of the links to read (crawl tasks only)."""
 
 
 class Capturer:
@@ -115,6 +120,8 @@ class Capturer:
         page, task, timings = visit.tab.page, visit.task, visit.timings
         opts = task.options
         dom = await page.evaluate(_CAPTURE_JS, "text" in opts.artifacts)
+        # Read with the DOM, after the steps: links that JavaScript made are there too.
+        links = PageLinks.from_js(await page.evaluate(LINKS_JS, [visit.follow, MAX_LINKS])) if visit.follow else None
         if "html" in opts.artifacts or opts.extractor:
             dom["html"] = await page.content()
         captures = self._texts(task, dom)
@@ -137,7 +144,7 @@ class Capturer:
                         response_headers=bounds.headers(visit.headers), title=bounds.cut(dom["title"], MAX_TITLE),
                         timings=timings, captures=captures,
                         blocked_requests=list(bounds.urls(blocked, most=bounds.MAX_BLOCKED)),
-                        har_bodies_dropped=dropped, html=dom["html"] if opts.extractor else None)
+                        har_bodies_dropped=dropped, html=dom["html"] if opts.extractor else None, links=links)
 
     def _texts(self, task: ScrapeTask, dom: dict) -> list[Capture]:
         """The rendered HTML (refused over ``max_page_bytes``) and the visible text (cut there)."""

@@ -85,7 +85,8 @@ class Renderer:
         self._chores.add(chore)
         chore.add_done_callback(lambda done: (self._chores.discard(done), done.cancelled() or done.exception()))
 
-    async def render(self, task: ScrapeTask) -> Rendered:
+    async def render(self, task: ScrapeTask, follow: str | None = None) -> Rendered:
+        """``follow``: the CSS selector of the links to read from the page (crawl tasks)."""
         opts = task.options
         await self.policy.check_url(task.url)
         async with self.pool.tab(user_agent=opts.user_agent) as tab:
@@ -93,7 +94,7 @@ class Renderer:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
                 watch = await self._watch(tab, task)
                 try:
-                    return await self._visit(tab, task, watch)
+                    return await self._visit(tab, task, watch, follow)
                 except BaseException:
                     if watch.warc is not None:
                         watch.warc.close()  # its temporary file: no capture will carry it
@@ -146,7 +147,7 @@ class Renderer:
             watch.listeners.extend(watch.warc.listeners())
         return watch
 
-    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch) -> Rendered:
+    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch, follow: str | None = None) -> Rendered:
         started = time.perf_counter()
         timeout = task.options.navigation_timeout or self.settings.navigation_timeout
         tab.page.set_default_timeout(timeout * 1000)
@@ -156,7 +157,8 @@ class Renderer:
         shots = await self._steps(tab, task, timeout)
         stepped = time.perf_counter()
         visit = Visit(tab, task, status, headers, chain, watch.failed, shots, watch.har,
-                      {"navigation": _ms(navigated - started), "steps": _ms(stepped - navigated)}, warc=watch.warc)
+                      {"navigation": _ms(navigated - started), "steps": _ms(stepped - navigated)}, warc=watch.warc,
+                      follow=follow)
         with tracing.span("capture", artifacts=",".join(task.options.artifacts)):
             rendered = await self.capturer.capture(visit)
         done = time.perf_counter()
