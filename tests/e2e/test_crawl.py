@@ -70,11 +70,14 @@ BUDGET = ("--depth", "50", "--max-pages", "4", "--robots", "ignore", "--strip-tr
 
 async def test_max_pages_archives_exactly_that_many_across_two_workers(tmp_path, site):
     crawl_site.install(site)
-    code, output, summary = await crawl(tmp_path, site, *BUDGET)
+    code, output, summary = await crawl(tmp_path, site, *BUDGET, "--wacz", "budget")
     assert code == 0, output[-3000:]
     archive = tmp_path / "state" / "archive"
     # The seed, then the index's first three new links in document order.
     assert archived_paths(archive) == Counter({"": 1, "a/1": 1, "b": 1, "private/x": 1})
+    # A crawl is a web archive by default: every page has its WARC, and --wacz packed the four.
+    assert all("page.warc.gz" in {o["name"] for o in m["objects"]} for m in metas(archive).values())
+    assert summary["wacz"]["pages"] == 4 and (archive / summary["wacz"]["key"]).is_file()
     assert summary["crawl"]["budget_used"] == 4 and summary["crawl"]["links"]["budget_cut"] > 0
     # The same command again: the crawl is done already, nothing is rendered again.
     code, output, again = await crawl(tmp_path, site, *BUDGET)

@@ -60,6 +60,8 @@ def crawl_cmd(
     allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
                                     help="Open a non-public address to pages (repeatable)."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
+    wacz: str | None = typer.Option(None, "--wacz", metavar="NAME",
+                                    help="Then package the crawl's WARCs as wacz/NAME.wacz (see busscrape wacz)."),
     *,
     task: options.TaskFlags,
 ) -> None:
@@ -75,6 +77,10 @@ def crawl_cmd(
         _print(summary, task.as_json)
         raise typer.Exit(0)
     task.check()
+    if task.artifacts is None:  # a crawl is a web archive: its pages carry their WARC unless told otherwise
+        from busscrape.model.messages import CRAWL_ARTIFACTS
+
+        task.artifacts = ",".join(CRAWL_ARTIFACTS)
     base = settings()
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
                  archive={"dir": archive}, dispatch=task.dispatch_settings(),
@@ -100,17 +106,28 @@ def crawl_cmd(
     if workers:
         opts.workers = workers
     summary = run(execute(s, opts))
+    packed = None
+    if wacz:
+        from busscrape.cli.wacz import package
+
+        packed = run(package(s, wacz, locations=summary.locations, archive=archive))
     if task.as_json:
         from busscrape.cli.run import summary_dict
 
         doc = summary_dict(summary)
         doc["crawl"] = summary.crawl.as_dict() if summary.crawl else None
+        if packed is not None:
+            doc["wacz"] = {"key": packed.key, "pages": packed.pages, "bytes": packed.size}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
     else:
         if summary.crawl is not None:
             out.print(crawl_table(summary.crawl))
         out.print(summary_table(summary))
         out.print(how_to_look(summary, s), soft_wrap=True)
+        if packed is not None:
+            from busscrape.cli.wacz import report
+
+            report(packed)
     raise typer.Exit(exit_code(summary, False))
 
 
