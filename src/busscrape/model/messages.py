@@ -150,9 +150,17 @@ def identity_tail(steps: tuple[Step, ...] | list[Step] = (), options: TaskOption
     """What a task's identity holds beside its URL, encoded once: the dispatcher reuses it for every
     URL that shares the steps and options."""
     options = options or TaskOptions()
-    encoded = orjson.dumps([[s.model_dump(mode="json") for s in steps], options.model_dump(mode="json")],
+    # Options added after ids were first given out count only once set: unset, they leave every
+    # id as it was, so SEEN's recrawl window and every archived folder keep their meaning.
+    unset = {name for name in LATER_OPTIONS if getattr(options, name) is None}
+    encoded = orjson.dumps([[s.model_dump(mode="json") for s in steps], options.model_dump(mode="json", exclude=unset)],
                            option=orjson.OPT_SORT_KEYS)
     return b"," + encoded[1:]
+
+
+LATER_OPTIONS = ("extractor",)
+"""TaskOptions fields that are part of a task's id only when set (see ``identity_tail``): a new
+option goes here, or it changes the id of every task (``tests/model/test_messages.py`` pins them)."""
 
 
 def task_key(url: str, steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None, *,
