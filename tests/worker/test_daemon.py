@@ -272,8 +272,8 @@ async def test_per_host_politeness_spaces_navigations(wbus, wsettings, site, sta
         # sees the requests, a cold tab's slower trip on a loaded machine skews the gaps.
         starts, pace = [], worker.gate.pace
 
-        async def recorded_pace(host: str) -> None:
-            await pace(host)
+        async def recorded_pace(host: str, floor: float | None = None) -> None:
+            await pace(host, floor=floor)
             starts.append(time.monotonic())
 
         worker.gate.pace = recorded_pace
