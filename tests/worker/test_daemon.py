@@ -361,7 +361,8 @@ async def test_a_dead_letter_after_a_killed_attempt_leaves_no_artifacts(wbus, sh
 
 
 async def test_the_reaper_discards_what_the_killed_deliveries_stored(wbus, short_ack, site, stamps):
-    reaped = short_ack.with_overrides(streams={"worker_max_deliver": 2})
+    # No room for deferrals: the server gives up after 2 deliveries, and the reaper files the letter.
+    reaped = short_ack.with_overrides(streams={"worker_max_deliver": 2, "worker_max_deferrals": 0})
     await provision.apply(wbus.js, topology.load(reaped))
     await enqueue(wbus.js, site.url("/static"))
     for _ in range(2):  # both deliveries die after storing: the reaper files the letter

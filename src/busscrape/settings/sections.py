@@ -154,8 +154,19 @@ class StreamSettings(_Section):
     """Redelivery delay of a task whose worker went silent (workers heartbeat well inside it)."""
     worker_max_deliver: int = Field(5, ge=1)
     """Deliveries of one task before it is dead-lettered."""
+    worker_max_deferrals: int = Field(100_000, ge=0)
+    """Deferrals (a task nak'ed because its host was at its limit) one task may have on top of
+    ``worker_max_deliver``: the consumer's own ``max_deliver`` is the sum, while the worker counts
+    attempts without the deferrals."""
+    host_lease_ttl: Duration = Field("15s", ge=2)
+    """How long a worker's hold on a host slot lasts unrenewed (it renews every third): what a
+    killed worker's slot waits before the fleet may use it again."""
     worker_max_ack_pending: int = Field(20_000, ge=1)
     """Tasks in flight across the whole worker fleet."""
+    def worker_deliveries(self) -> int:
+        """The workers consumer's ``max_deliver``: attempts plus deferrals."""
+        return self.worker_max_deliver + self.worker_max_deferrals
+
     ingester_ack_wait: Duration = "120s"
     """Redelivery delay of a result whose ingester went silent."""
     max_msg_size: Size = "1MiB"
@@ -250,9 +261,19 @@ class WorkerSettings(_Section):
     recycle_rss: Size = "3GiB"
     """Relaunch the browser when Chromium's processes use more than this."""
     host_concurrency: int = Field(2, ge=1)
-    """Pages open on one host at once within this worker."""
+    """Pages open on one host at once across the whole worker fleet (leases in the HOSTS bucket)."""
     host_delay: Duration = 0.0
-    """Minimum time between two navigations to one host within this worker."""
+    """Minimum time between two page starts at one host across the whole fleet."""
+    host_jitter: Duration = 0.0
+    """A random extra gap, 0 to this, added to ``host_delay`` after each start at a host."""
+    host_rules: Path | None = None
+    """A politeness file (TOML, ``[[host]]`` tables of ``glob``, ``concurrency``, ``delay``, ``jitter``):
+    per-host limits by glob, the first match wins (the README's politeness section)."""
+    host_busy_retry: Duration = Field("500ms", gt=0)
+    """How soon a task whose host is at its ``host_concurrency`` comes back (nak'ed with this delay,
+    jittered ±50%, a deferral: no attempt, no browser slot)."""
+    cool_default: Duration = Field("10s", ge=0)
+    """How long a 429 or 503 without ``Retry-After`` cools its host for the whole fleet (0: not at all)."""
     allow_evaluate: bool = False
     """Allow the ``evaluate`` step (runs task-supplied JavaScript in the page)."""
     max_page_bytes: Size = "32MiB"

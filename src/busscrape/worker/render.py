@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,7 +81,10 @@ class Renderer:
         self._chores.add(chore)
         chore.add_done_callback(lambda done: (self._chores.discard(done), done.cancelled() or done.exception()))
 
-    async def render(self, task: ScrapeTask) -> Rendered:
+    async def render(self, task: ScrapeTask,
+                     before_navigation: Callable[[], Awaitable[None]] | None = None) -> Rendered:
+        """``before_navigation`` runs right before the page is requested (the host's start is
+        taken there: page set-up time does not shift it); what it raises ends the render."""
         opts = task.options
         await self.policy.check_url(task.url)
         async with self.pool.tab(user_agent=opts.user_agent) as tab:
@@ -89,7 +92,7 @@ class Renderer:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
                 watch = await self._watch(tab, task)
                 try:
-                    return await self._visit(tab, task, watch)
+                    return await self._visit(tab, task, watch, before_navigation)
                 finally:
                     watch.detach()
             except PlaywrightTimeout as exc:
@@ -133,10 +136,13 @@ class Renderer:
             watch.listeners.extend(watch.har.listeners())
         return watch
 
-    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch) -> Rendered:
-        started = time.perf_counter()
+    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch,
+                     before_navigation: Callable[[], Awaitable[None]] | None) -> Rendered:
         timeout = task.options.navigation_timeout or self.settings.navigation_timeout
         tab.page.set_default_timeout(timeout * 1000)
+        if before_navigation is not None:
+            await before_navigation()
+        started = time.perf_counter()
         response = await self._navigate(tab.page, task, watch, timeout)
         navigated = time.perf_counter()
         status, headers, chain = self._answer(tab.page, response)
