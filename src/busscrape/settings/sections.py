@@ -264,6 +264,9 @@ class WorkerSettings(_Section):
     """Pages open on one host at once across the whole worker fleet (leases in the HOSTS bucket)."""
     host_delay: Duration = 0.0
     """Minimum time between two page starts at one host across the whole fleet."""
+    fleet_politeness: bool = True
+    """Enforce the host limits below across the fleet (NATS KV round trips per page); false: no
+    per-host limits at all (for crawls whose hosts are far more than the fleet's pages in flight)."""
     host_jitter: Duration = 0.0
     """A random extra gap, 0 to this, added to ``host_delay`` after each start at a host."""
     host_rules: Path | None = None

@@ -58,7 +58,7 @@ from busscrape.worker.backpressure import ResultsRoom
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.capture import Rendered
 from busscrape.worker.failures import Failures
-from busscrape.worker.fleet_gate import Deferred, FleetGate, Slot, Wait
+from busscrape.worker.fleet_gate import Deferred, FleetGate, Slot, Unlimited, Wait
 from busscrape.worker.host_rules import HostRules, Limit
 from busscrape.worker.reaper import Reaper
 from busscrape.worker.render import Renderer
@@ -119,7 +119,8 @@ class Worker(PullService):
             self.telemetry.gauge("browser_restarts", lambda: [(pool.restarts, {})])
             self.telemetry.gauge("results_full", lambda: [(1 if room.full else 0, {})])
             gate = self.gate
-            self.telemetry.gauge("hosts_cooling", lambda: [(len(gate.cooling_now()), {})])
+            self.telemetry.gauge("host_cooling", lambda: [(round(c.until - time.time(), 1), {"host": c.host})
+                                                          for c in gate.cooling_now()])
 
     def counted(self, outcome: str) -> None:
         if self.telemetry is not None:
@@ -198,10 +199,12 @@ class Worker(PullService):
             finally:
                 await slot.release()
 
-    async def _enter_host(self, msg: Msg, task: ScrapeTask, seq: int, deferrals: int) -> Slot | None:
+    async def _enter_host(self, msg: Msg, task: ScrapeTask, seq: int, deferrals: int) -> Slot | Unlimited | None:
         """The host's slot and start (``fleet_gate``), or None when the task was deferred: nak'ed
         for when the host may take it, the deferral counted so it spends no attempt. The task
         holds no browser or worker slot meanwhile, and this worker goes on with other tasks."""
+        if not self.settings.worker.fleet_politeness:
+            return Unlimited()
         host = urlsplit(task.url).hostname or ""
         try:
             entered = await self.gate.enter(host)
@@ -237,7 +240,7 @@ class Worker(PullService):
         log.info("task.already_done", settled=story.settled, standing=len(standing or ()))
         return True
 
-    async def _work(self, msg: Msg, task: ScrapeTask, story: Transitions, span: Any, slot: Slot, *,
+    async def _work(self, msg: Msg, task: ScrapeTask, story: Transitions, span: Any, slot: Slot | Unlimited, *,
                     clear: bool) -> None:
         """Render (holding ``slot`` on the task's host), store, publish, ack; or hand the failure
         to its path (retry or dead letter)."""
@@ -328,7 +331,7 @@ class Worker(PullService):
         rendered.html = None  # not kept while the result is uploaded and published
         return records.extraction(extractor, outcome, max_bytes=self.settings.extract.max_record_bytes)
 
-    async def _render(self, task: ScrapeTask, slot: Slot) -> Rendered:
+    async def _render(self, task: ScrapeTask, slot: Slot | Unlimited) -> Rendered:
         """The page rendered and captured within ``task_timeout``, which starts once the host's
         politeness let the task in (``_enter_host``): waiting for a busy host is not rendering."""
         assert self.renderer is not None

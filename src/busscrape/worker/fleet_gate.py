@@ -148,6 +148,22 @@ class Slot:
         await self.release()
 
 
+class Unlimited:
+    """The slot of a worker without fleet politeness (``worker.fleet_politeness = false``)."""
+
+    async def start_or_defer(self) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Unlimited:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
 class FleetGate:
     def __init__(self, js: JetStreamContext, rules: HostRules, *, holder: str, busy_retry: float,
                  ttl: float = 15.0) -> None:
