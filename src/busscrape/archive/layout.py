@@ -171,6 +171,8 @@ def meta_document(result: ScrapeResult, objects: list[StoredObject]) -> bytes:
     }
     if (extraction := records.summary(result)) is not None:
         doc["extraction"] = extraction
+    if result.proxy is not None:
+        doc["proxy"] = result.proxy  # credential-free (net/upstream.py's Upstream.url)
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
 
 

@@ -90,6 +90,17 @@ class TaskOptions(_Model):
     extractor: str | None = Field(None, pattern=EXTRACTOR_NAME)
     """The extractor (``extractors/<name>.toml``) the worker runs on the rendered DOM; its record
     travels in the result and is archived as ``extracted.json``."""
+    proxy: str | None = Field(None, min_length=1, max_length=512)
+    """``direct``, the name of a proxy pool in the worker's settings, or a proxy URL without
+    credentials (``http://10.0.0.5:3128``); none: the worker's routes decide (``net/proxies.py``)."""
+
+    @field_validator("proxy")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        if value is not None and "://" in value and "@" in value.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("a task's proxy carries no credentials: name a pool from the worker's "
+                             "BUSSCRAPE_PROXY__POOLS instead")
+        return value
 
     # What Chromium refuses is refused here, where the task is built: otherwise every attempt of
     # the task would fail the same way in the worker.
@@ -130,12 +141,16 @@ class ScrapeTask(Message):
     dispatched_at: datetime = Field(default_factory=utcnow)
 
 
+_LATER_OPTIONS = ("proxy",)
+
+
 def identity_tail(steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None) -> bytes:
     """What a task's identity holds beside its URL, encoded once: the dispatcher reuses it for every
     URL that shares the steps and options."""
     options = options or TaskOptions()
-    encoded = orjson.dumps([[s.model_dump(mode="json") for s in steps], options.model_dump(mode="json")],
-                           option=orjson.OPT_SORT_KEYS)
+    # Options added later count only when set, so every task queued before them keeps its key.
+    dumped = options.model_dump(mode="json", exclude={k for k in _LATER_OPTIONS if getattr(options, k) is None})
+    encoded = orjson.dumps([[s.model_dump(mode="json") for s in steps], dumped], option=orjson.OPT_SORT_KEYS)
     return b"," + encoded[1:]
 
 
@@ -210,6 +225,8 @@ class ScrapeResult(Message):
     """When the task was dispatched (tells re-dispatches of one task id apart)."""
     extraction: Extraction | None = None
     """The task's extractor's record (tasks with an ``extractor`` only)."""
+    proxy: str | None = None
+    """The upstream proxy the page went through, without credentials (none: direct)."""
 
 
 # -- dead letter --------------------------------------------------------------------------------

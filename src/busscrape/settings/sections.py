@@ -13,7 +13,16 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    SerializationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from busscrape.settings.lists import CommaList, SwitchList
 from busscrape.units import Duration, Size
@@ -27,6 +36,7 @@ __all__ = [
     "IngesterSettings",
     "NatsSettings",
     "NetworkPolicySettings",
+    "ProxySettings",
     "S3Settings",
     "SearchSettings",
     "StreamSettings",
@@ -328,6 +338,36 @@ class NetworkPolicySettings(_Section):
     allow: CommaList = []
     """CIDRs (``127.0.0.2/32``) and ``host:port`` pairs opened despite being non-public,
     comma-separated (``127.0.0.2/32,intranet:443``) or a JSON array."""
+
+
+class ProxySettings(_Section):
+    """Upstream proxies (``net/upstream.py``, ``net/proxies.py``): pools, rotation, health, routes."""
+
+    pools: dict[str, list[str]] = {}
+    """Named pools of proxy URLs (``http://``, ``https://``, ``socks5://``, credentials in the URL),
+    as JSON: ``{"main": ["http://user:pass@10.0.0.5:3128", "socks5://10.0.0.6:1080"]}``. Shown
+    without credentials everywhere (``busscrape config`` too)."""
+    pool_files: dict[str, Path] = {}
+    """Pools read from files, one proxy URL a line (``#`` comments), as JSON ``{"name": "path"}``."""
+    routes: dict[str, str] = {}
+    """Host glob → pool, first match wins, as JSON: ``{"*.example.com": "main"}``."""
+    default_pool: str | None = None
+    """The pool of hosts no route names (none: they go direct)."""
+    rotation: Literal["round_robin", "random", "sticky_host", "sticky_session"] = "round_robin"
+    """How a pool's next proxy is chosen: in turn, at random, the same one per host, or per session
+    (tasks without a session then go in turn)."""
+    bench_after: int = Field(3, ge=1)
+    """Consecutive failures (the proxy unreachable, or refusing the tunnel) after which a proxy is benched."""
+    bench_for: Duration = Field("60s", gt=0)
+    """How long a benched proxy is left out before it is tried again."""
+
+    @field_serializer("pools")
+    def _masked(self, pools: dict[str, list[str]], info: SerializationInfo) -> dict[str, list[str]]:
+        if (info.context or {}).get("reveal_secrets"):
+            return pools
+        from busscrape.net.upstream import masked
+
+        return {name: [masked(url) for url in urls] for name, urls in pools.items()}
 
 
 class S3Settings(_Section):

@@ -81,6 +81,8 @@ class Rendered:
     har_bodies_dropped: bool = False
     html: str | None = None
     """The rendered DOM as HTML, for the task's extractor (tasks with one only)."""
+    proxy: str | None = None
+    """The upstream proxy the page went through, without credentials."""
 
 
 @dataclass

@@ -46,8 +46,9 @@ from busscrape.extract.pool import ExtractionPool
 from busscrape.extract.registry import Registry
 from busscrape.model.messages import ArtifactRef, Extraction, ScrapeResult, ScrapeTask, decode, utcnow
 from busscrape.model.steps import Evaluate
-from busscrape.net.egress import EgressProxy
+from busscrape.net.egresses import Egresses
 from busscrape.net.policy import NetworkPolicy
+from busscrape.net.proxies import Proxies
 from busscrape.settings import Settings
 from busscrape.status.records import StatusBoard, Transitions
 from busscrape.status.standing import objects_of, standing_results
@@ -90,17 +91,20 @@ class Worker(PullService):
                                        timeout=settings.nats.request_timeout,
                                        max_msg_size=settings.streams.max_msg_size)
         self.failures = Failures(bus, settings, self.attempts, self.results, self.count, telemetry)
+        self._stack = AsyncExitStack()
+        # Read here: a bad proxy pool or route stops the worker at start.
+        self.proxies = Proxies(settings.proxy)
+        self.egresses = Egresses(self.policy, self._stack, on_upstream=self.proxies.report)
         self.pool: BrowserPool | None = None
         self.renderer: Renderer | None = None
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
         self.extractors = Registry.load(settings.extract.dir)
         self.extraction: ExtractionPool | None = None
-        self._stack = AsyncExitStack()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        egress = await self._stack.enter_async_context(EgressProxy(self.policy))
+        egress = await self.egresses.start()
         w = self.settings.worker
         self.pool = await self._stack.enter_async_context(
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
@@ -112,7 +116,7 @@ class Worker(PullService):
             self.extraction = await self._stack.enter_async_context(
                 ExtractionPool(self.extractors, processes=x.processes, timeout=x.timeout, max_memory=x.max_memory))
         log.info("worker.extractors", folder=str(self.settings.extract.dir), names=sorted(self.extractors))
-        self.renderer = Renderer(self.pool, self.policy, egress, w)
+        self.renderer = Renderer(self.pool, self.policy, self.egresses, w, self.proxies)
         await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
             pool, room = self.pool, self.room
@@ -220,6 +224,7 @@ class Worker(PullService):
         if not await self.attempts.defer(task.task_id, seq, deferrals):
             wait = Wait(max(wait.seconds, 1.0), wait.why)  # not counted: it spends an attempt
         self.count("deferred")
+        self.handed_on(wait.seconds)  # not a task taken; not idle before it is due back
         log.debug("task.deferred", why=wait.why, seconds=round(wait.seconds, 3))
         await msg.nak(delay=wait.seconds)
 
@@ -361,5 +366,5 @@ class Worker(PullService):
             response_headers=rendered.response_headers, title=rendered.title, timings=rendered.timings,
             artifacts=tuple(refs), labels=task.labels, worker=self.settings.worker.name, attempt=attempt,
             scraped_at=scraped_at, blocked_requests=tuple(rendered.blocked_requests),
-            dispatched_at=task.dispatched_at, extraction=extraction,
+            dispatched_at=task.dispatched_at, extraction=extraction, proxy=rendered.proxy,
         )

@@ -100,8 +100,11 @@ class Failures:
         an outcome (a worker killed each time). The worker files what the reaper would have, as the
         consumer's own ``max_deliver`` leaves room for deferrals."""
         history = await self.attempts.history(task.task_id, seq)
-        exc = DeliveriesExhausted(f"delivered {story.attempt - 1} times without an outcome "
-                                  f"(max_deliver {self.max_deliver}, deferrals not counted)")
+        last = history[-1] if history else None  # as the reaper files it (worker/reaper.py)
+        what = f"last attempt: {last.error}" if last else "no attempt finished: each delivery's worker died"
+        exc = DeliveriesExhausted(f"delivered {story.attempt - 1} times without an outcome (max_deliver "
+                                  f"{self.max_deliver}, deferrals not counted); {what}",
+                                  reason=last.reason if last else None)
         await self._file(msg, story, task, seq, history, exc, last=False)
 
     async def dead(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int, exc: PermanentError) -> None:

@@ -29,7 +29,10 @@ from busscrape.artifacts.files import CONTENT_TYPES, screenshot_file
 from busscrape.errors import LimitExceeded, NavigationTimeout, PermanentStatus, RetryableStatus
 from busscrape.model.messages import ScrapeTask
 from busscrape.net.egress import EgressProxy
+from busscrape.net.egresses import Egresses
 from busscrape.net.policy import NetworkPolicy
+from busscrape.net.proxies import Proxies
+from busscrape.net.upstream import Upstream
 from busscrape.settings import WorkerSettings
 from busscrape.telemetry import tracing
 from busscrape.worker.browser.pool import BrowserPool
@@ -65,11 +68,12 @@ class _Watch:
 
 
 class Renderer:
-    def __init__(self, pool: BrowserPool, policy: NetworkPolicy, egress: EgressProxy | None,
-                 settings: WorkerSettings) -> None:
+    def __init__(self, pool: BrowserPool, policy: NetworkPolicy, egress: EgressProxy | Egresses | None,
+                 settings: WorkerSettings, proxies: Proxies | None = None) -> None:
         self.pool = pool
         self.policy = policy
         self.egress = egress
+        self.proxies = proxies
         self.settings = settings
         self.statuses = StatusPolicy.parse(settings.retry_statuses, settings.dead_statuses)
         self.capturer = Capturer(settings, browser_version=lambda: pool.version)
@@ -87,18 +91,30 @@ class Renderer:
         taken there: page set-up time does not shift it); what it raises ends the render."""
         opts = task.options
         await self.policy.check_url(task.url)
-        async with self.pool.tab(user_agent=opts.user_agent) as tab:
+        upstream, listener = await self._proxy_for(task)
+        async with self.pool.tab(user_agent=opts.user_agent, proxy=listener) as tab:
             try:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
                 watch = await self._watch(tab, task)
                 try:
-                    return await self._visit(tab, task, watch, before_navigation)
+                    rendered = await self._visit(tab, task, watch, before_navigation)
+                    rendered.proxy = upstream.url if upstream is not None else None
+                    return rendered
                 finally:
                     watch.detach()
             except PlaywrightTimeout as exc:
                 raise NavigationTimeout(f"{task.url}: {first_line(exc)}", reason="page_timeout") from None
             except PlaywrightError as exc:
                 raise page_error(task.url, exc) from None
+
+    async def _proxy_for(self, task: ScrapeTask) -> tuple[Upstream | None, str | None]:
+        """The task's upstream proxy (``net/proxies.py``) and the egress listener in front of it."""
+        if self.proxies is None or not isinstance(self.egress, Egresses):
+            return None, None
+        upstream = self.proxies.choose(task.options.proxy, urlsplit(task.url).hostname or "")
+        if upstream is None:
+            return None, None
+        return upstream, await self.egress.listener_for(upstream)
 
     async def _watch(self, tab: Tab, task: ScrapeTask) -> _Watch:
         """Routes and listeners for this task: blocked resource types, failed requests, an
