@@ -22,5 +22,6 @@ from busscrape.cli import search as _search  # noqa: F401  isort: skip
 from busscrape.cli import api as _api  # noqa: F401  isort: skip
 from busscrape.cli import config as _config  # noqa: F401  isort: skip
 from busscrape.cli import extractors as _extractors  # noqa: F401  isort: skip
+from busscrape.cli import sessions as _sessions  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]

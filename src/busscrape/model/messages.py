@@ -94,6 +94,10 @@ class TaskOptions(_Model):
     """``direct``, the name of a proxy pool in the worker's settings, or a proxy URL without
     credentials (``http://10.0.0.5:3128``); none: the worker's routes decide (``net/proxies.py``)."""
 
+    session: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """A session name: its cookies and storage persist across its tasks (the worker's sessions file
+    says how it logs in), isolated from other sessions and from session-less tasks."""
+
     @field_validator("proxy")
     @classmethod
     def _no_credentials(cls, value: str | None) -> str | None:
@@ -141,7 +145,7 @@ class ScrapeTask(Message):
     dispatched_at: datetime = Field(default_factory=utcnow)
 
 
-_LATER_OPTIONS = ("proxy",)
+_LATER_OPTIONS = ("proxy", "session")
 
 
 def identity_tail(steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None) -> bytes:

@@ -282,6 +282,9 @@ class WorkerSettings(_Section):
     host_rules: Path | None = None
     """A politeness file (TOML, ``[[host]]`` tables of ``glob``, ``concurrency``, ``delay``, ``jitter``):
     per-host limits by glob, the first match wins (the README's politeness section)."""
+    sessions_file: Path | None = None
+    """The sessions file (TOML, ``[[session]]`` tables: ``name`` glob, ``login_url``, ``login_steps``,
+    ``check_selector``, ``check_url``, ``ttl``): how a task's ``options.session`` logs in."""
     host_busy_retry: Duration = Field("500ms", gt=0)
     """How soon a task whose host is at its ``host_concurrency`` comes back (nak'ed with this delay,
     jittered ±50%, a deferral: no attempt, no browser slot)."""

@@ -64,6 +64,8 @@ from busscrape.worker.host_rules import HostRules, Limit
 from busscrape.worker.reaper import Reaper
 from busscrape.worker.render import Renderer
 from busscrape.worker.results import ResultPublisher
+from busscrape.worker.sessions import Sessions
+from busscrape.worker.sessions import read_rules as read_sessions
 
 log = structlog.get_logger("busscrape.worker")
 
@@ -95,6 +97,7 @@ class Worker(PullService):
         # Read here: a bad proxy pool or route stops the worker at start.
         self.proxies = Proxies(settings.proxy)
         self.egresses = Egresses(self.policy, self._stack, on_upstream=self.proxies.report)
+        self.sessions = Sessions(bus.js, read_sessions(w.sessions_file)) if w.sessions_file is not None else None
         self.pool: BrowserPool | None = None
         self.renderer: Renderer | None = None
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
@@ -116,7 +119,7 @@ class Worker(PullService):
             self.extraction = await self._stack.enter_async_context(
                 ExtractionPool(self.extractors, processes=x.processes, timeout=x.timeout, max_memory=x.max_memory))
         log.info("worker.extractors", folder=str(self.settings.extract.dir), names=sorted(self.extractors))
-        self.renderer = Renderer(self.pool, self.policy, self.egresses, w, self.proxies)
+        self.renderer = Renderer(self.pool, self.policy, self.egresses, w, self.proxies, self.sessions)
         await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
             pool, room = self.pool, self.room

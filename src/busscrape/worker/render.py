@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import structlog
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page, Request, Response, Route
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from busscrape.artifacts.files import CONTENT_TYPES, screenshot_file
-from busscrape.errors import LimitExceeded, NavigationTimeout, PermanentStatus, RetryableStatus
+from busscrape.errors import InvalidTask, LimitExceeded, NavigationTimeout, PermanentStatus, RetryableStatus
 from busscrape.model.messages import ScrapeTask
 from busscrape.net.egress import EgressProxy
 from busscrape.net.egresses import Egresses
@@ -40,10 +41,13 @@ from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.capture import Capture, Capturer, Rendered, Visit
 from busscrape.worker.har import HarRecorder
 from busscrape.worker.page_errors import first_line, navigation_error, page_error, retry_after_seconds
+from busscrape.worker.sessions import SessionRule, Sessions, Stored
 from busscrape.worker.status_policy import StatusPolicy
 from busscrape.worker.step_runner import run_steps
 
 __all__ = ["Capture", "Rendered", "Renderer"]
+
+log = structlog.get_logger("busscrape.worker")
 
 
 @dataclass
@@ -69,11 +73,13 @@ class _Watch:
 
 class Renderer:
     def __init__(self, pool: BrowserPool, policy: NetworkPolicy, egress: EgressProxy | Egresses | None,
-                 settings: WorkerSettings, proxies: Proxies | None = None) -> None:
+                 settings: WorkerSettings, proxies: Proxies | None = None,
+                 sessions: Sessions | None = None) -> None:
         self.pool = pool
         self.policy = policy
         self.egress = egress
         self.proxies = proxies
+        self.sessions = sessions
         self.settings = settings
         self.statuses = StatusPolicy.parse(settings.retry_statuses, settings.dead_statuses)
         self.capturer = Capturer(settings, browser_version=lambda: pool.version)
@@ -89,29 +95,81 @@ class Renderer:
                      before_navigation: Callable[[], Awaitable[None]] | None = None) -> Rendered:
         """``before_navigation`` runs right before the page is requested (the host's start is
         taken there: page set-up time does not shift it); what it raises ends the render."""
-        opts = task.options
         await self.policy.check_url(task.url)
+        name = task.options.session
+        if name is None:
+            return await self._render(task, before_navigation, None)
+        if self.sessions is None:
+            raise InvalidTask(f"task names session {name!r} but this worker has no sessions file "
+                              "(BUSSCRAPE_WORKER__SESSIONS_FILE)", reason="unknown_session")
+        rule = self.sessions.rule(name)
+        async with self.sessions.lock(name):  # one login per session, not one per slot
+            return await self._render(task, before_navigation, rule)
+
+    async def _render(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None,
+                      rule: SessionRule | None) -> Rendered:
+        opts = task.options
         upstream, listener = await self._proxy_for(task)
-        async with self.pool.tab(user_agent=opts.user_agent, proxy=listener) as tab:
+        # An expired session is read too (its login count goes on), but starts from nothing.
+        stored = await self.sessions.store.get(rule_name(task), expired=True) if rule and self.sessions else None
+        fresh = stored is not None and stored.expires_at > time.time()
+        state = None if rule is None else stored.state if fresh and stored else {"cookies": [], "origins": []}
+        async with self.pool.tab(user_agent=opts.user_agent, proxy=listener, session=state) as tab:
             try:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
+                logged_in = rule is not None and not fresh
+                if logged_in:
+                    await self._login(tab, rule, task)
                 watch = await self._watch(tab, task)
                 try:
                     rendered = await self._visit(tab, task, watch, before_navigation)
-                    rendered.proxy = upstream.url if upstream is not None else None
-                    return rendered
+                    if rule is not None and not logged_in and not await _session_holds(tab.page, rule):
+                        await self._login(tab, rule, task)  # the check failed: logged out, log in again
+                        logged_in = True
+                        rendered = await self._visit(tab, task, watch, before_navigation)
                 finally:
                     watch.detach()
+                rendered.proxy = upstream.url if upstream is not None else None
+                if rule is not None:
+                    await self._keep_session(tab, task, rule, stored, logged_in, rendered.proxy)
+                return rendered
             except PlaywrightTimeout as exc:
                 raise NavigationTimeout(f"{task.url}: {first_line(exc)}", reason="page_timeout") from None
             except PlaywrightError as exc:
                 raise page_error(task.url, exc) from None
 
+    async def _login(self, tab: Tab, rule: SessionRule, task: ScrapeTask) -> None:
+        """The session's login: its page, its steps, the page left to settle."""
+        assert self.sessions is not None
+        timeout = task.options.navigation_timeout or self.settings.navigation_timeout
+        await self.policy.check_url(rule.login_url)
+        with tracing.span("session login", **{"busscrape.session": task.options.session or ""}):
+            await tab.page.goto(rule.login_url, wait_until="load", timeout=timeout * 1000)
+            await run_steps(tab.page, rule.login_steps, default_timeout=timeout, allow_evaluate=False,
+                            check_url=self.policy.check_url, take_screenshot=_no_shots)
+            await tab.page.wait_for_load_state("load", timeout=timeout * 1000)
+        self.sessions.logins += 1
+        log.info("session.logged_in", session=task.options.session)
+
+    async def _keep_session(self, tab: Tab, task: ScrapeTask, rule: SessionRule, stored: Stored | None,
+                            logged_in: bool, proxy: str | None) -> None:
+        """Store the context's state back: cookies the task's pages set carry on."""
+        assert self.sessions is not None and task.options.session is not None
+        now = time.time()
+        state = await tab.context.storage_state()
+        if logged_in or stored is None:
+            kept = Stored(task.options.session, state, now, now + rule.ttl, proxy,
+                          (stored.logins + 1) if stored is not None else 1)
+        else:
+            kept = Stored(task.options.session, state, stored.logged_in_at, stored.expires_at, proxy, stored.logins)
+        await self.sessions.store.put(kept)
+
     async def _proxy_for(self, task: ScrapeTask) -> tuple[Upstream | None, str | None]:
         """The task's upstream proxy (``net/proxies.py``) and the egress listener in front of it."""
         if self.proxies is None or not isinstance(self.egress, Egresses):
             return None, None
-        upstream = self.proxies.choose(task.options.proxy, urlsplit(task.url).hostname or "")
+        upstream = self.proxies.choose(task.options.proxy, urlsplit(task.url).hostname or "",
+                                       session=task.options.session)
         if upstream is None:
             return None, None
         return upstream, await self.egress.listener_for(upstream)
@@ -232,6 +290,24 @@ class Renderer:
             if parts.hostname and (why := self.egress.explain(parts.hostname, port, since)):
                 return f"{parts.hostname}:{port}: {why}"
         return None
+
+
+def rule_name(task: ScrapeTask) -> str:
+    assert task.options.session is not None
+    return task.options.session
+
+
+async def _session_holds(page: Page, rule: SessionRule) -> bool:
+    """The session's check on a task's page: still logged in?"""
+    if rule.check_url and rule.check_url in page.url:
+        return False
+    if rule.check_selector:
+        return await page.query_selector(rule.check_selector) is not None
+    return True
+
+
+async def _no_shots(name: str, full_page: bool) -> None:
+    raise InvalidTask(f"login steps take no screenshots ({name})", reason="invalid_session")
 
 
 def _ms(seconds: float) -> float:

@@ -153,14 +153,19 @@ class BrowserPool:
     # -- contexts ---------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def tab(self, *, user_agent: str | None = None, proxy: str | None = None) -> AsyncIterator[Tab]:
+    async def tab(self, *, user_agent: str | None = None, proxy: str | None = None,
+                  session: dict[str, Any] | None = None) -> AsyncIterator[Tab]:
         """An isolated tab for one task: a wiped, reused one (``isolation="tab"``) or a fresh
         context (``isolation="context"``). Nothing one task leaves is visible to the next."""
         browser = await self._ensure()
-        tab = await self._idle_tab((user_agent, proxy))
+        # A session's tab is its own context, loaded with the session's state and closed after
+        # the task: no other task ever sees it.
+        tab = None if session is not None else await self._idle_tab((user_agent, proxy))
         if tab is None:
             try:
-                tab = await Tab.open(browser, user_agent=user_agent, proxy=proxy, generation=self.restarts)
+                tab = await Tab.open(browser, user_agent=user_agent, proxy=proxy, generation=self.restarts,
+                                     storage_state=session)
+                tab.private = session is not None
             except PlaywrightError as exc:
                 raise BrowserCrashed(f"cannot open a browser context: {exc.message}") from None
         self._open += 1
@@ -209,7 +214,7 @@ class BrowserPool:
                     self._wanted.clear()
 
     def _reusable(self, tab: Tab) -> bool:
-        return (self.isolation == "tab" and not tab.broken and tab.uses < self.tab_max_uses
+        return (self.isolation == "tab" and not tab.private and not tab.broken and tab.uses < self.tab_max_uses
                 and tab.generation == self.restarts and self.up and not self._recycling)
 
     async def _wipe(self, tab: Tab, defer: float = 0.0) -> None:

@@ -56,6 +56,8 @@ class Tab:
         self.cdp = cdp
         self.user_agent = user_agent
         self.proxy = proxy
+        self.private = False
+        """A session's tab: closed after its task, never reused."""
         """The egress listener this tab's context goes through (one per upstream proxy; none: the browser's)."""
         self.generation = generation
         self.uses = 0
@@ -79,12 +81,14 @@ class Tab:
 
     @classmethod
     async def open(cls, browser: Browser, *, user_agent: str | None, generation: int,
-                   proxy: str | None = None) -> Tab:
+                   proxy: str | None = None, storage_state: dict[str, Any] | None = None) -> Tab:
         options: dict[str, Any] = {"accept_downloads": False, "service_workers": "block"}
         if user_agent:
             options["user_agent"] = user_agent
         if proxy:
             options["proxy"] = {"server": proxy, "bypass": "<-loopback>"}
+        if storage_state is not None:
+            options["storage_state"] = storage_state
         context = await browser.new_context(**options)
         try:
             page = await context.new_page()
