@@ -63,6 +63,9 @@ def test_sticky_per_host_and_per_session():
     s = proxies(default_pool="a", rotation="sticky_session")
     one = s.choose(None, "h.test", session="s1")
     assert all(s.choose(None, f"h{i}.test", session="s1") == one for i in range(3))
+    # Another worker (a fresh Proxies) keeps the proxy the session's record names.
+    other = proxies(default_pool="a", rotation="sticky_session")
+    assert all(other.choose(None, "h.test", session="s1", prefer=one.url) == one for _ in range(3))
 
 
 def test_a_failing_proxy_is_benched_then_tried_again():

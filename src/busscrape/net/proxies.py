@@ -63,8 +63,11 @@ class Proxies:
     def configured(self) -> bool:
         return bool(self.pools)
 
-    def choose(self, task_proxy: str | None, host: str, session: str | None = None) -> Upstream | None:
-        """The proxy for one task (None: direct). A task naming an unknown pool is invalid."""
+    def choose(self, task_proxy: str | None, host: str, session: str | None = None,
+               prefer: str | None = None) -> Upstream | None:
+        """The proxy for one task (None: direct). A task naming an unknown pool is invalid.
+        ``prefer``: the proxy (credential-free URL) a session used before, kept while it is in
+        the pool and healthy, so a session sticks to one proxy across workers."""
         pool = task_proxy or self._route(host.lower())
         if pool is None or pool == DIRECT:
             return None
@@ -74,6 +77,11 @@ class Proxies:
         if members is None:
             raise InvalidTask(f"options.proxy names no pool {pool!r} on this worker "
                               f"(pools: {', '.join(sorted(self.pools)) or 'none'})", reason="unknown_proxy")
+        if prefer is not None:
+            now = time.monotonic()
+            for member in members:
+                if member.url == prefer and self._health.get(member, _Health()).benched_until <= now:
+                    return member
         return self._pick(pool, members, host.lower(), session)
 
     def _route(self, host: str) -> str | None:

@@ -109,9 +109,9 @@ class Renderer:
     async def _render(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None,
                       rule: SessionRule | None) -> Rendered:
         opts = task.options
-        upstream, listener = await self._proxy_for(task)
         # An expired session is read too (its login count goes on), but starts from nothing.
         stored = await self.sessions.store.get(rule_name(task), expired=True) if rule and self.sessions else None
+        upstream, listener = await self._proxy_for(task, stored.proxy if stored is not None else None)
         fresh = stored is not None and stored.expires_at > time.time()
         state = None if rule is None else stored.state if fresh and stored else {"cookies": [], "origins": []}
         async with self.pool.tab(user_agent=opts.user_agent, proxy=listener, session=state) as tab:
@@ -164,12 +164,12 @@ class Renderer:
             kept = Stored(task.options.session, state, stored.logged_in_at, stored.expires_at, proxy, stored.logins)
         await self.sessions.store.put(kept)
 
-    async def _proxy_for(self, task: ScrapeTask) -> tuple[Upstream | None, str | None]:
+    async def _proxy_for(self, task: ScrapeTask, prefer: str | None = None) -> tuple[Upstream | None, str | None]:
         """The task's upstream proxy (``net/proxies.py``) and the egress listener in front of it."""
         if self.proxies is None or not isinstance(self.egress, Egresses):
             return None, None
         upstream = self.proxies.choose(task.options.proxy, urlsplit(task.url).hostname or "",
-                                       session=task.options.session)
+                                       session=task.options.session, prefer=prefer)
         if upstream is None:
             return None, None
         return upstream, await self.egress.listener_for(upstream)
