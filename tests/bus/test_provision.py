@@ -13,7 +13,7 @@ from tests.support.bus import wait_until
 
 
 async def test_apply_creates_everything_with_the_configured_values(bus, settings):
-    s = settings.with_overrides(streams={"results_max_age": "5d", "worker_max_deliver": 4,
+    s = settings.with_overrides(streams={"results_max_age": "5d", "worker_max_deliver": 4, "worker_max_deferrals": 0,
                                          "worker_ack_wait": "15s", "recrawl_window": "9d"})
     changes = await provision.apply(bus.js, topology.load(s))
     assert {c.action for c in changes} == {"create"}

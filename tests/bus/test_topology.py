@@ -17,14 +17,14 @@ def test_bundled_definitions_cover_everything_busscrape_needs():
 
 def test_placeholders_take_the_settings():
     s = Settings(streams={"results_max_age": "3d", "worker_ack_wait": "20s", "worker_max_deliver": 3,
-                          "results_max_bytes": "1GiB"})
+                          "worker_max_deferrals": 50, "results_max_bytes": "1GiB"})
     defs = {(d.kind, d.name): d for d in topology.load(s)}
     results = defs[("stream", names.RESULTS_STREAM)]
     assert results.fields["max_age"] == 3 * 86400
     assert results.fields["max_bytes"] == 2**30
     workers = defs[("consumer", names.WORKERS_CONSUMER)]
     assert workers.fields["ack_wait"] == 20
-    assert workers.fields["max_deliver"] == 3
+    assert workers.fields["max_deliver"] == 3 + 50  # attempts plus deferrals (streams/workers.toml)
     assert "backoff" not in workers.fields  # see streams/workers.toml for why
     assert workers.stream == names.TASKS_STREAM
     seen = defs[("kv", names.SEEN_BUCKET)]

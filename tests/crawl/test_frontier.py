@@ -5,7 +5,6 @@ Two ``Frontier`` objects stand for two workers (each has its own connection and 
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime
 
 from busscrape.bus import names
@@ -17,7 +16,6 @@ from busscrape.crawl.spec import CrawlSpec, crawl_task_id
 from busscrape.crawl.state import SEEDS, CrawlState
 from busscrape.model.messages import CrawlRef, ScrapeTask, decode
 from busscrape.net.policy import NetworkPolicy
-from busscrape.worker.politeness import HostGate
 from tests.support import crawl_site
 from tests.support.bus import stream_messages
 
@@ -156,14 +154,26 @@ async def test_robots_5xx_is_retry_later_and_4xx_allows_everything(applied, sett
     assert record["counts"]["queued"] == 1
 
 
-async def test_crawl_delay_is_a_floor_under_the_hosts_pacing():
-    gate = HostGate(concurrency=2, delay=0.0)
-    await gate.pace("h", floor=30.0)
-    reserved = gate._host("h").next_start - time.monotonic()
-    assert reserved > 20  # the next start waits for the host's Crawl-delay
-    other = HostGate(concurrency=2, delay=0.0)
-    await other.pace("h")
-    assert other._host("h").next_start == 0.0  # no floor, no delay: nothing reserved
+async def test_robots_crawl_delay_raises_the_hosts_delay_in_the_workers_gate(applied, settings, site):
+    """The Crawl-delay of a crawl task's host is raised in the fleet gate's rules before the slot
+    is taken (the slot's limit carries it); a host without one keeps the worker's own delay."""
+    from busscrape.worker.daemon import Worker
+
+    crawl_site.install(site, crawl_delay=2.5)
+    spec = CrawlSpec(seeds=(site.url("/"),))
+    await Frontier(applied.js, settings, policy_for(site)).seed(spec)
+    allowed = {"allow": [f"{h}/32" for h in site.hosts]}
+    worker = Worker(applied, settings.with_overrides(worker={"host_delay": 0.5}, network=allowed))
+    host = site.hosts[0]
+    await worker._obey_crawl_delay(page_task(spec, site.url("/b")), host)
+    slot = await worker.gate.enter(host)
+    try:
+        assert worker.gate.rules.limit(host).delay == 2.5 and slot.limit.delay == 2.5
+    finally:
+        await slot.release()
+    assert worker.gate.rules.limit("127.0.0.9").delay == 0.5
+    await worker._obey_crawl_delay(ScrapeTask(task_id="a" * 32, url=site.url("/n"), original_url=site.url("/n")), "h")
+    assert worker.gate.rules.limit("h").delay == 0.5  # not a crawl task: robots.txt is not read
 
 
 async def test_sitemaps_seed_the_crawl_and_since_filters_them(applied, settings, site):

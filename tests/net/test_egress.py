@@ -124,3 +124,66 @@ async def test_the_proxy_connects_to_exactly_the_address_it_checked():
         async with EgressProxy(Rebinding.from_settings(["127.0.0.4/32"])) as proxy:
             body = await get_through(proxy, "rebinding.test", allowed.port, "/which")
         assert body.endswith(b"the allowed one") and sum(blocked.hits.values()) == 0
+async def _get(proxy, host, port, path="/hello") -> tuple[int, bytes]:
+    code, reader, writer = await socks_connect(proxy, host, port)
+    if code != 0:
+        writer.close()
+        return code, b""
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    body = await reader.read()
+    writer.close()
+    return code, body
+
+
+async def test_through_an_upstream_proxy_the_target_still_meets_the_policy(site):
+    """Chained: the egress checks the target, then asks the upstream for a tunnel to the checked
+    address (never its name), with the proxy's credentials; a refused target never reaches it."""
+    from busscrape.net.upstream import Upstream
+    from tests.support.forward_proxy import ForwardProxy
+
+    site.page("/hello", "hello through two proxies")
+    seen = []
+    with ForwardProxy("127.0.0.5", user="u", password="s3cret") as up:
+        upstream = Upstream.parse(up.url())
+        policy = NetworkPolicy.from_settings(["127.0.0.2/32", "127.0.0.5/32"])
+        async with EgressProxy(policy, upstream=upstream, on_upstream=lambda u, ok: seen.append(ok)) as proxy:
+            code, body = await _get(proxy, "127.0.0.2", site.port)
+            assert code == 0 and body.endswith(b"hello through two proxies")
+            assert up.passed == [f"127.0.0.2:{site.port}"] and up.log == [(f"127.0.0.2:{site.port}", "u")]
+            code, _ = await _get(proxy, "127.0.0.3", site.port)  # not allowed: refused before the proxy
+            assert code == 2 and len(up.log) == 1
+        # The proxy's own address must be allowed too.
+        async with EgressProxy(NetworkPolicy.from_settings(["127.0.0.2/32"]), upstream=upstream) as proxy:
+            code, _ = await _get(proxy, "127.0.0.2", site.port)
+            assert code == 2 and "proxy http://127.0.0.5" in proxy.explain("127.0.0.2", site.port)
+            assert len(up.log) == 1
+    assert seen == [True]
+    with ForwardProxy("127.0.0.5", refuse=True) as dead:
+        policy = NetworkPolicy.from_settings(["127.0.0.2/32", "127.0.0.5/32"])
+        async with EgressProxy(policy, upstream=Upstream.parse(dead.url()),
+                               on_upstream=lambda u, ok: seen.append(ok)) as proxy:
+            code, _ = await _get(proxy, "127.0.0.2", site.port)
+            assert code == 4 and seen == [True, False]
+
+
+async def test_a_socks5_upstream_with_credentials(site):
+    """socks5:// upstream, spoken to our own egress proxy as the upstream (it takes no-auth only):
+    credentials offered beside no-auth let a server that picks no-auth carry the tunnel; a dead
+    one is a failure reported for health."""
+    from busscrape.net.upstream import Upstream
+
+    site.page("/hello", "hello via socks upstream")
+    policy = NetworkPolicy.from_settings(["127.0.0.2/32", "127.0.0.1/32"])
+    async with EgressProxy(NetworkPolicy.from_settings(["127.0.0.2/32"])) as far:
+        async with EgressProxy(policy, upstream=Upstream.parse(far.url)) as near:
+            code, body = await _get(near, "127.0.0.2", site.port)
+            assert code == 0 and body.endswith(b"hello via socks upstream") and far.connections == 1
+        reports = []
+        async with EgressProxy(policy, upstream=Upstream.parse(f"socks5://u:p@127.0.0.1:{far.port}"),
+                               on_upstream=lambda u, ok: reports.append(ok)) as near:
+            code, _ = await _get(near, "127.0.0.2", site.port)
+            assert code == 0 and reports == [True]
+    async with EgressProxy(policy, upstream=Upstream.parse(f"socks5://127.0.0.1:{far.port}"),
+                           on_upstream=lambda u, ok: reports.append(ok)) as near:  # `far` is gone now
+        code, _ = await _get(near, "127.0.0.2", site.port)
+        assert code == 4 and reports == [True, False]

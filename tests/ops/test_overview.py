@@ -191,3 +191,19 @@ def test_lag_from_jsz_reads_the_named_account_stream_and_consumer_as_keda_does()
     with pytest.raises(LookupError, match="TASKS/reaper"):
         lag_from_jsz(doc, "$G", "TASKS", "reaper")
 
+
+
+async def test_status_lists_the_hosts_cooling_for_the_fleet(applied, settings):
+    from busscrape.worker.fleet_gate import FleetGate
+    from busscrape.worker.host_rules import HostRules, Limit
+
+    gate = FleetGate(applied.js, HostRules(Limit(1, 0)), holder="w7", busy_retry=1)
+    await gate.cool("hot.example", 120, status=429, worker="w7")
+    await gate.cool("over.example", 0.001, status=503, worker="w7")  # over by the time status looks
+    out = await busscrape(settings.nats.url, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    [row] = orjson.loads(out.stdout)["cooling"]
+    assert row["host"] == "hot.example" and row["status"] == 429 and row["worker"] == "w7"
+    assert 60 < row["seconds_left"] <= 120
+    table = await busscrape(settings.nats.url, "status")
+    assert "hosts cooling" in table.stdout and "hot.example" in table.stdout and "over.example" not in table.stdout

@@ -35,7 +35,7 @@ def stamps(site):
 @pytest.fixture
 async def fast_redelivery(bus, wsettings):  # noqa: F811
     """Streams with a 3s ack_wait, so a dead worker's task comes back quickly."""
-    s = wsettings.with_overrides(streams={"worker_ack_wait": "3s", "worker_max_deliver": 2})
+    s = wsettings.with_overrides(streams={"worker_ack_wait": "3s", "worker_max_deliver": 2, "worker_max_deferrals": 0})
     await provision.apply(bus.js, topology.load(s))
     return s
 

@@ -1,71 +1,348 @@
+"""Fleet-wide politeness: per-host slots and starts on NATS KV, deferrals, cooling, lease expiry.
+
+Real nats-server; the worker tests run real worker processes with Chromium against loopback sites
+whose own request log is what the assertions read."""
+
 import asyncio
 import itertools
+import threading
 import time
 
 import pytest
+from aiohttp import web
 
-from busscrape.bus import provision, topology
+from busscrape.bus import names, provision, topology
+from busscrape.errors import ConfigurationError
 from busscrape.worker.daemon import Worker
-from busscrape.worker.politeness import HostGate
+from busscrape.worker.fleet_gate import Deferred, FleetGate, Slot, Wait, cooling_hosts, host_of, host_token
+from busscrape.worker.host_rules import HostRules, Limit
 from tests.support import pages
-from tests.support.bus import enqueue, results
+from tests.support.bus import dead_letters, enqueue, results, wait_until
+from tests.support.procs import env_for, kill9, spawn
 from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
-
-async def test_host_concurrency_is_bounded_per_host_not_globally():
-    gate = HostGate(concurrency=2, delay=0)
-    active = {"a": 0, "b": 0}
-    peak = {"a": 0, "b": 0}
-
-    async def visit(host):
-        async with gate.enter(host):
-            active[host] += 1
-            peak[host] = max(peak[host], active[host])
-            await asyncio.sleep(0.05)
-            active[host] -= 1
-
-    await asyncio.gather(*[visit("a") for _ in range(6)], *[visit("b") for _ in range(6)])
-    assert peak == {"a": 2, "b": 2}
+# -- rules and keys ----------------------------------------------------------------------------
 
 
-async def test_minimum_delay_between_starts_on_one_host():
-    gate = HostGate(concurrency=4, delay=0.2)
-    starts = []
-
-    async def visit():
-        async with gate.enter("example.test"):
-            await gate.pace("example.test")
-            starts.append(time.monotonic())
-
-    await asyncio.gather(*[visit() for _ in range(4)])
-    starts.sort()
-    assert all(b - a >= 0.19 for a, b in itertools.pairwise(starts))
+def test_host_tokens_are_valid_keys_and_reversible():
+    for host in ("example.com", "127.0.0.2", "::1", "a_b.example", "xn--bcher-kva.example", "trailing.", "a..b"):
+        token = host_token(host)
+        assert all(c.isalnum() or c in "-_=." for c in token), token
+        assert ".." not in token and not token.startswith(".") and not token.endswith(".")
+        assert host_of(token) == host.lower().rstrip(".")
+    assert host_token("a_b") != host_token("a.b")
 
 
-async def test_a_waiter_that_gives_up_gives_its_start_back():
-    gate = HostGate(concurrency=4, delay=5.0)
-    await gate.pace("example.test")  # the first start: at once; the next one reserved 5 s later
-    host = gate._hosts["example.test"]
-    reserved = host.next_start
-    waiter = asyncio.create_task(gate.pace("example.test"))
-    await asyncio.sleep(0.05)
-    assert host.next_start == reserved + 5.0
-    waiter.cancel()
-    await asyncio.gather(waiter, return_exceptions=True)
-    assert host.next_start == reserved  # the next task waits for the first one's gap only
+def test_rules_first_matching_glob_wins_and_keeps_the_defaults_it_leaves_out(tmp_path):
+    path = tmp_path / "politeness.toml"
+    path.write_text('[[host]]\nglob = "*.slow.test"\nconcurrency = 1\ndelay = "2s"\n'
+                    '[[host]]\nglob = "*.test"\njitter = "500ms"\n')
+    rules = HostRules.load(Limit(4, 0.1, 0.0), path)
+    assert rules.limit("A.slow.test") == Limit(1, 2.0, 0.0)
+    assert rules.limit("b.test") == Limit(4, 0.1, 0.5)
+    assert rules.limit("other.example") == Limit(4, 0.1, 0.0)
+
+
+def test_a_raised_delay_applies_on_top_and_never_lowers():
+    rules = HostRules(Limit(2, 1.0))
+    rules.raise_delay("robots.test", 0.5)  # less than the rule: the rule stays
+    assert rules.limit("robots.test").delay == 1.0
+    rules.raise_delay("robots.test", 3.0)
+    rules.raise_delay("robots.test", 2.0)
+    assert rules.limit("ROBOTS.test").delay == 3.0
+    assert rules.limit("other.test").delay == 1.0
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('[[host]]\nconcurrency = 1\n', "'glob'"),
+    ('[[host]]\nglob = "*"\nconcurrency = 0\n', "'concurrency'"),
+    ('[[host]]\nglob = "*"\ndelay = "soon"\n', "'delay'"),
+    ('[[host]]\nglob = "*"\nspeed = 3\n', "speed"),
+    ('[[hosts]]\nglob = "*"\n', "hosts"),
+    ('[[host]\n', "cannot read"),
+])
+def test_a_bad_politeness_file_names_the_file_and_the_field(tmp_path, text, needle):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigurationError) as err:
+        HostRules.load(Limit(1, 0), path)
+    assert str(path) in str(err.value) and needle in str(err.value)
+
+
+# -- the gate against nats-server --------------------------------------------------------------
+
+
+@pytest.fixture
+async def pbus(bus, settings):
+    await provision.apply(bus.js, topology.load(settings.with_overrides(streams={"host_lease_ttl": "3s"})))
+    return bus
+
+
+def gate(bus, limit: Limit, name: str) -> FleetGate:
+    return FleetGate(bus.js, HostRules(limit), holder=name, busy_retry=0.5)
+
+
+async def test_slots_are_shared_by_every_gate_and_free_again_on_release(pbus):
+    one, two = gate(pbus, Limit(2, 0), "w1"), gate(pbus, Limit(2, 0), "w2")
+    a, b = await one.enter("h.test"), await two.enter("h.test")
+    assert isinstance(a, Slot) and isinstance(b, Slot)
+    third = await two.enter("h.test")
+    assert isinstance(third, Wait) and third.why == "busy"
+    assert isinstance(await one.enter("other.test"), Slot)  # another host is not affected
+    await a.release()
+    again = await two.enter("h.test")
+    assert isinstance(again, Slot)
+    for s in (b, again):
+        await s.release()
+
+
+async def test_starts_are_spaced_by_the_delay_across_gates(pbus):
+    one, two = gate(pbus, Limit(5, 2.0), "w1"), gate(pbus, Limit(5, 2.0), "w2")
+    first, second = await one.enter("d.test"), await two.enter("d.test")
+    assert isinstance(first, Slot) and isinstance(second, Slot)  # nothing started yet: both may go
+    assert await first.start() == 0.0
+    left = await second.start()  # taken right before the navigation: the first one took it
+    assert 1.0 < left <= 2.0
+    with pytest.raises(Deferred):
+        await second.start_or_defer()
+    await second.release()
+    later = await two.enter("d.test")  # now seen before any tab is taken
+    assert isinstance(later, Wait) and later.why == "delay" and 1.0 < later.seconds <= 2.0
+    await first.release()
+
+
+async def test_an_unreleased_slot_expires_with_the_lease_ttl(pbus):
+    """A holder that stops renewing (its process died) loses the slot within the bucket's TTL."""
+    one = gate(pbus, Limit(1, 0), "w1")
+    held = await one.enter("k.test")
+    assert isinstance(held, Slot)
+    held._renewing.cancel()  # what a SIGKILL does to the renewals; the key stays
+    assert isinstance(await one.enter("k.test"), Wait)
+    started = time.monotonic()
+    await wait_until(lambda: _enters(one, "k.test"), timeout=20)
+    assert time.monotonic() - started < 20
+
+
+async def _enters(g: FleetGate, host: str) -> bool:
+    got = await g.enter(host)
+    if isinstance(got, Slot):
+        await got.release()
+        return True
+    return False
+
+
+async def test_a_renewed_slot_outlives_the_ttl(pbus):
+    one = gate(pbus, Limit(1, 0), "w1")
+    one.ttl = 3.0
+    held = await one.enter("r.test")
+    assert isinstance(held, Slot)
+    kv = await pbus.js.key_value(names.HOSTS_BUCKET)
+    taken = time.monotonic()
+
+    async def past_the_ttl() -> bool:
+        return time.monotonic() - taken > 1.5 * one.ttl
+
+    await wait_until(past_the_ttl, timeout=20)
+    assert (await kv.get(held.key)).value == b"held"  # renewed, still there
+    assert isinstance(await one.enter("r.test"), Wait)
+    await held.release()
+
+
+async def test_cooling_reaches_every_gate_and_status(pbus):
+    one, two = gate(pbus, Limit(2, 0), "w1"), gate(pbus, Limit(2, 0), "w2")
+    watch = asyncio.create_task(two.watch_cooling())
+    try:
+        await one.cool("hot.test", 30, status=429, worker="w1")
+        await wait_until(lambda: _cooling_seen(two, "hot.test"), timeout=10, every=0.05)
+        wait = await two.enter("hot.test")
+        assert isinstance(wait, Wait) and wait.why == "cooling" and 20 < wait.seconds <= 30
+        assert isinstance(await two.enter("cold.test"), Slot)
+        listed = await cooling_hosts(pbus.js)
+        assert [(c.host, c.status, c.worker) for c in listed] == [("hot.test", 429, "w1")]
+    finally:
+        watch.cancel()
+
+
+async def _cooling_seen(g, host):
+    return g._cooling_left(host) > 0
+
+
+# -- real workers, real Chromium ---------------------------------------------------------------
+
+
+class Log:
+    """The site's own log of page requests: (host, path, start, end), wall clock."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, float, float]] = []
+        self.lock = threading.Lock()
+
+    def peak(self, host: str) -> int:
+        events = sorted([(s, 1) for h, _, s, _ in self.rows if h == host]
+                        + [(e, -1) for h, _, _, e in self.rows if h == host], key=lambda x: (x[0], x[1]))
+        now = peak = 0
+        for _, step in events:
+            now += step
+            peak = max(peak, now)
+        return peak
+
+    def starts(self, host: str) -> list[float]:
+        return sorted(s for h, _, s, _ in self.rows if h == host)
+
+
+def logged_page(site, log: Log, path: str = "/page") -> None:
+    refused: set[str] = set()
+
+    @site.route(path)
+    async def page(request: web.Request) -> web.StreamResponse:
+        start = time.time()
+        await asyncio.sleep(float(request.query.get("s", "0.5")))
+        refuse = bool(request.query.get("code")) and request.path_qs not in refused
+        refused.add(request.path_qs)  # the first request of such a page is refused, the next one served
+        with log.lock:
+            log.rows.append((request.host.split(":")[0], request.path_qs, start, time.time()))
+        if refuse:
+            return web.Response(status=int(request.query["code"]), text="busy", content_type="text/html",
+                                headers={"Retry-After": request.query.get("after", "5")})
+        return web.Response(text="<title>p</title><p>ok</p>", content_type="text/html")
+
+
+def fleet_env(settings, **extra):
+    return env_for(settings, BUSSCRAPE_WORKER__CONCURRENCY="4", BUSSCRAPE_WORKER__EXIT_WHEN_IDLE="4s",
+                   BUSSCRAPE_WORKER__NAVIGATION_TIMEOUT="20s", BUSSCRAPE_WORKER__HOST_BUSY_RETRY="300ms",
+                   BUSSCRAPE_WORKER__REAPER="false", **extra)
+
+
+async def run_fleet(tmp_path, env, n=3):
+    procs = [spawn(["worker"], {**env, "BUSSCRAPE_WORKER__NAME": f"w{i}"}, tmp_path / f"w{i}.log") for i in range(n)]
+    codes = await asyncio.gather(*(asyncio.to_thread(p.wait, 300) for p in procs))
+    assert codes == [0] * n, [(tmp_path / f"w{i}.log").read_text()[-3000:] for i in range(n)]
+
+
+@pytest.mark.browser
+async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(bus, wsettings, site,  # noqa: F811
+                                                                                 tmp_path):
+    """3 worker processes × concurrency 4; host A at host_concurrency=2 and host_delay 0.4 s (a rule),
+    host B at the default 12: A never sees more than 2 pages at once nor two starts closer than the
+    delay (less what page set-up may shift a start by), B gets more than 2 at once."""
+    log = Log()
+    logged_page(site, log)
+    rules = tmp_path / "politeness.toml"
+    rules.write_text(f'[[host]]\nglob = "{site.hosts[0]}"\nconcurrency = 2\ndelay = "400ms"\n')
+    s = wsettings.with_overrides(worker={"host_concurrency": 12}, streams={"worker_max_deliver": 1})
+    await provision.apply(bus.js, topology.load(s))
+    for i in range(10):
+        await enqueue(bus.js, site.url(f"/page?s=0.6&n={i}", host=0))
+        await enqueue(bus.js, site.url(f"/page?s=1.5&n={i}", host=1))
+    await run_fleet(tmp_path, fleet_env(s, BUSSCRAPE_WORKER__HOST_RULES=str(rules),
+                                        BUSSCRAPE_WORKER__HOST_CONCURRENCY="12",
+                                        BUSSCRAPE_STREAMS__WORKER_MAX_DELIVER="1"))
+    a, b = site.hosts
+    assert len(log.starts(a)) == 10 and len(log.starts(b)) == 10, log.rows
+    assert log.peak(a) <= 2, log.rows
+    gaps = [later - earlier for earlier, later in itertools.pairwise(log.starts(a))]
+    assert min(gaps) >= 0.3, gaps
+    assert log.peak(b) > 2, log.rows
+    # Every deferral spent no attempt: with one attempt allowed, nothing was dead-lettered.
+    assert len(await results(bus.js)) == 20 and await dead_letters(bus.js) == []
+
+
+@pytest.mark.browser
+async def test_a_429_with_retry_after_cools_its_host_for_the_fleet_only(bus, wsettings, site, tmp_path):  # noqa: F811
+    log = Log()
+    logged_page(site, log)
+    s = wsettings.with_overrides(worker={"host_concurrency": 1, "retry_base_delay": "200ms"})
+    await provision.apply(bus.js, topology.load(s))
+    a, b = site.hosts
+    await enqueue(bus.js, site.url("/page?s=0.1&code=429&after=5", host=0))
+    for i in range(4):
+        await enqueue(bus.js, site.url(f"/page?s=0.1&n={i}", host=0))
+    for i in range(12):
+        await enqueue(bus.js, site.url(f"/page?s=0.8&n={i}", host=1))
+    await run_fleet(tmp_path, fleet_env(s, BUSSCRAPE_WORKER__HOST_CONCURRENCY="1"))
+    refused = next(r for r in log.rows if "code=429" in r[1])
+    after = [r[2] for r in log.rows if r[0] == a and r[2] > refused[3]]
+    assert after and min(after) - refused[3] >= 5.0, (refused, sorted(after))
+    assert any(refused[3] < r[2] < refused[3] + 5 for r in log.rows if r[0] == b), log.rows  # B went on
+    assert len(await results(bus.js)) == 17  # the refused page too, once the cooling was over
+
+
+@pytest.mark.browser
+async def test_a_sigkilled_workers_slot_is_free_within_the_lease_ttl(bus, wsettings, site, tmp_path):  # noqa: F811
+    pages.install(site)
+    s = wsettings.with_overrides(streams={"host_lease_ttl": "3s"})
+    await provision.apply(bus.js, topology.load(s))
+    await enqueue(bus.js, site.url("/slow?s=60"))
+    proc = spawn(["worker"], fleet_env(s, BUSSCRAPE_WORKER__HOST_CONCURRENCY="1"), tmp_path / "w.log")
+    kv = await bus.js.key_value(names.HOSTS_BUCKET)
+    key = f"slot.{host_token(site.hosts[0])}.0"
+
+    async def renewed() -> bool:  # held, and renewed once at least: the worker keeps it
+        try:
+            return (await kv.get(key)).value == b"held"
+        except Exception:
+            return False
+
+    try:
+        await wait_until(renewed, timeout=60)
+    finally:
+        kill9(proc)
+    # Within the 3 s TTL, plus what the server's expiry sweep and this busy machine add.
+    await wait_until(lambda: _gone(kv, key), timeout=3.0 + 5.0, every=0.1)
+    g = FleetGate(bus.js, HostRules(Limit(1, 0)), holder="t", busy_retry=0.5)
+    slot = await g.enter(site.hosts[0])
+    assert isinstance(slot, Slot)
+    await slot.release()
+
+
+async def _gone(kv, key) -> bool:
+    try:
+        await kv.get(key)
+    except Exception:
+        return True
+    return False
 
 
 @pytest.mark.browser
 async def test_waiting_for_a_busy_host_does_not_count_against_task_timeout(bus, wsettings, site):  # noqa: F811
     """Three two-second pages on one host, one at a time, a three-second task_timeout: each task's
-    clock starts when the host lets it in, so none times out waiting for the others."""
+    clock starts when the host lets it in, so none times out waiting for the others; and a
+    deferral spends no attempt (one allowed)."""
     pages.install(site)
     s = wsettings.with_overrides(worker={"concurrency": 3, "host_concurrency": 1, "task_timeout": "3s",
-                                         "exit_when_idle": "2s"})
+                                         "exit_when_idle": "3s", "host_busy_retry": "200ms"},
+                                 streams={"worker_max_deliver": 1})
     await provision.apply(bus.js, topology.load(s))
     for i in range(3):
         await enqueue(bus.js, site.url(f"/slow?s=2&n={i}"))
     async with Worker(bus, s) as worker:
         counters = await worker.run()
     assert counters["completed"] == 3 and counters.get("retried", 0) == 0, dict(counters)
-    assert len(await results(bus.js)) == 3
+    assert counters["deferred"] > 0, dict(counters)
+    assert len(await results(bus.js)) == 3 and await dead_letters(bus.js) == []
+
+
+@pytest.mark.browser
+async def test_killed_on_every_attempt_the_worker_files_the_letter_despite_the_deferral_room(
+        bus, wsettings, site, tmp_path):  # noqa: F811
+    """The consumer's max_deliver leaves room for deferrals, so the server's advisory (and the
+    reaper) would come only after that room; the worker itself dead-letters the delivery after the
+    last attempt."""
+    stamps = pages.install(site)
+    s = wsettings.with_overrides(streams={"worker_ack_wait": "3s", "worker_max_deliver": 2})
+    await provision.apply(bus.js, topology.load(s))
+    task = await enqueue(bus.js, site.url("/slow?s=60"))
+    for delivery in (1, 2):
+        victim = spawn(["worker"], fleet_env(s, BUSSCRAPE_WORKER__NAME=f"victim{delivery}"), tmp_path / "v.log")
+        try:
+            async def hit(n=delivery) -> bool:
+                return len(stamps.get("/slow", [])) >= n
+
+            await wait_until(hit, timeout=60)
+        finally:
+            kill9(victim)
+    async with Worker(bus, s.with_overrides(worker={"exit_when_idle": "8s"})) as worker:
+        await worker.run()
+    [letter] = await dead_letters(bus.js)
+    assert letter.stage == "worker" and letter.reason == "max_deliveries" and letter.task_id == task.task_id
+    assert worker.counters.get("completed", 0) == 0 and len(stamps["/slow"]) == 2

@@ -32,7 +32,8 @@ class DiesBeforeAck(Worker):
 
 async def test_the_reaper_never_turns_an_archived_task_dead(bus, wsettings, site, tmp_path):  # noqa: F811
     pages.install(site)
-    last = wsettings.with_overrides(streams={"worker_ack_wait": "2s", "worker_max_deliver": 1})
+    last = wsettings.with_overrides(streams={"worker_ack_wait": "2s", "worker_max_deliver": 1,
+                                             "worker_max_deferrals": 0})
     await provision.apply(bus.js, topology.load(last))
     task = await enqueue(bus.js, site.url("/static"))
     async with DiesBeforeAck(bus, last.with_overrides(worker={"max_tasks": 1, "grace_period": 0.1,

@@ -173,6 +173,8 @@ def meta_document(result: ScrapeResult, objects: list[StoredObject]) -> bytes:
         doc["extraction"] = extraction
     if result.crawl is not None:
         doc["crawl"] = result.crawl.model_dump(mode="json")
+    if result.proxy is not None:
+        doc["proxy"] = result.proxy  # credential-free (net/upstream.py's Upstream.url)
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
 
 

@@ -125,6 +125,13 @@ class PullService(ABC):
     async def before_fetch(self) -> None:  # noqa: B027 - optional hook
         """Hook: wait until ``paused()`` is over."""
 
+    def handed_on(self, due_in: float) -> None:
+        """The message just handled was put off (nak'ed to come back in ``due_in`` seconds) rather
+        than worked on: it counts neither towards ``max_items`` nor as activity done, and the
+        service is not idle (``exit_when_idle``) before it is due back."""
+        self._taken = max(self._taken - 1, 0)
+        self._last_activity = max(self._last_activity, time.monotonic() + due_in)
+
     def count(self, outcome: str) -> None:
         """Count an outcome in the shutdown summary (and, through ``counted``, in metrics)."""
         self.counters[outcome] += 1
@@ -359,7 +366,7 @@ class PullService(ABC):
                     raise
                 finally:
                     self._inflight.pop(task, None)
-                    self._last_activity = time.monotonic()
+                    self._last_activity = max(self._last_activity, time.monotonic())
 
     async def _process(self, msg: Msg) -> None:
         beat = asyncio.create_task(self._heartbeat(msg))

@@ -41,6 +41,9 @@ STATUS_BUCKET = "STATUS"
 ARTIFACTS_BUCKET = "ARTIFACTS"
 FOLDERS_BUCKET = "FOLDERS"  # leases on archive folders while an ingester writes one
 CRAWLS_BUCKET = "CRAWLS"  # crawl rules, page budgets, per-page link outcomes, cached robots.txt
+HOSTS_BUCKET = "HOSTS"  # fleet-wide per-host slots and next start times (worker.fleet_gate)
+COOLING_BUCKET = "COOLING"  # hosts cooling after a 429/503, for the whole fleet
+SESSIONS_BUCKET = "SESSIONS"  # sessions' cookies and storage (worker.sessions)
 
 
 def kv_stream(bucket: str) -> str:
@@ -67,7 +70,8 @@ DISPATCH_NEEDS: frozenset[Need] = frozenset({("kv", SEEN_BUCKET), ("stream", TAS
 WORKER_NEEDS: frozenset[Need] = frozenset({
     ("stream", TASKS_STREAM), ("consumer", WORKERS_CONSUMER), ("stream", RESULTS_STREAM),
     ("stream", DEADLETTER_STREAM), ("object_store", ARTIFACTS_BUCKET), ("kv", ATTEMPTS_BUCKET),
-    ("kv", STATUS_BUCKET), ("stream", ADVISORIES_STREAM), ("consumer", REAPER_CONSUMER)})
+    ("kv", STATUS_BUCKET), ("stream", ADVISORIES_STREAM), ("consumer", REAPER_CONSUMER),
+    ("kv", HOSTS_BUCKET), ("kv", COOLING_BUCKET), ("kv", SESSIONS_BUCKET)})
 INGESTER_NEEDS: frozenset[Need] = frozenset({
     ("stream", RESULTS_STREAM), ("consumer", INGESTERS_CONSUMER), ("object_store", ARTIFACTS_BUCKET),
     ("stream", DEADLETTER_STREAM), ("consumer", ARCHIVIST_CONSUMER), ("kv", STATUS_BUCKET),

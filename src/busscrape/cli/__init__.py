@@ -24,5 +24,6 @@ from busscrape.cli import api as _api  # noqa: F401  isort: skip
 from busscrape.cli import config as _config  # noqa: F401  isort: skip
 from busscrape.cli import extractors as _extractors  # noqa: F401  isort: skip
 from busscrape.cli import wacz as _wacz  # noqa: F401  isort: skip
+from busscrape.cli import sessions as _sessions  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]

@@ -47,7 +47,8 @@ class TaskFlags(SimpleNamespace):
             steps=self.steps, artifacts=self.artifacts, label=self.label, screenshot_format=self.screenshot_format,
             jpeg_quality=self.jpeg_quality, full_page=self.full_page, har_content=self.har_content,
             wait_until=self.wait_until, timeout=self.timeout, viewport=self.viewport, block=self.block,
-            user_agent=self.user_agent, header=self.header, extractor=self.extractor)
+            user_agent=self.user_agent, header=self.header, extractor=self.extractor, proxy=self.proxy,
+            session=self.session)
 
     @contextlib.contextmanager
     def rejects_file(self) -> Iterator[IO[bytes] | None]:
@@ -83,6 +84,10 @@ TASK_OPTIONS: list[tuple[str, Any, Any]] = [
                                        help="Request header. Repeatable.")),
     ("extractor", str | None, typer.Option(None, "--extractor", metavar="NAME",
                                            help="Extractor every task runs (extractors/NAME.toml).")),
+    ("proxy", str | None, typer.Option(None, "--proxy", metavar="POOL|URL",
+                                       help="direct, a workers' proxy pool, or a proxy URL without credentials.")),
+    ("session", str | None, typer.Option(None, "--session", metavar="NAME",
+                                         help="Session every task runs in (the workers' sessions file).")),
     ("recrawl_after", str | None, typer.Option(None, "--recrawl-after", help="Skip URLs dispatched within this "
                                                "(default BUSSCRAPE_DISPATCH__RECRAWL_AFTER, 7d).")),
     ("force", bool, typer.Option(False, "--force", help="Queue every URL even if it was seen within "
@@ -123,7 +128,8 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
                   full_page: bool | None = None, har_content: str | None = None, wait_until: str | None = None,
                   timeout: str | None = None, viewport: str | None = None, block: str | None = None,
                   user_agent: str | None = None, header: list[str] | None = None,
-                  extractor: str | None = None) -> TaskDefaults:
+                  extractor: str | None = None, proxy: str | None = None,
+                  session: str | None = None) -> TaskDefaults:
     """The task defaults the command-line flags describe (exit 2 with the reason when invalid)."""
     from busscrape.dispatch.inputs import TaskDefaults
 
@@ -133,7 +139,8 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
                                                                              full_page),
                               har_content=har_content, wait_until=wait_until, navigation_timeout=timeout,
                               viewport=parse_viewport(viewport), block_resources=csv(block), user_agent=user_agent,
-                              headers=pairs(header or [], ":", "--header") or None, extractor=extractor),
+                              headers=pairs(header or [], ":", "--header") or None, extractor=extractor,
+                              proxy=proxy, session=session),
         labels=pairs(label or [], "=", "--label"),
     )
 

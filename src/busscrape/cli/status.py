@@ -164,6 +164,13 @@ def render(doc: dict[str, Any]) -> Group:
                           "(back-pressure; is the archive reachable?)", style="bold yellow"))
     elif room["max_bytes"] and room["max_bytes"] > 0:
         parts.append(Text(f"RESULTS {room['fill']:.1%} full ({_bytes(room['bytes'])} of {_bytes(room['max_bytes'])})"))
+    if doc.get("cooling"):
+        cooling = Table("host", "cooling for", "status", "by worker", title="hosts cooling (fleet-wide)",
+                        title_justify="left")
+        for row in doc["cooling"]:
+            cooling.add_row(safe(row["host"]), f"{row['seconds_left']:.0f}s", str(row["status"] or ""),
+                            safe(row["worker"]))
+        parts.append(cooling)
     parts += [streams, consumers, buckets, letters]
     parts.append(Text(f"{doc['at']}" + (f" · rates over {rates['seconds']:.1f}s" if rates else ""), style="dim"))
     return Group(*parts)

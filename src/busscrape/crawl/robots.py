@@ -5,7 +5,7 @@ As Google documents it: a 2xx body is the rules; a 4xx (no robots.txt) allows ev
 a timeout or a refused connection means "try again later" (``RobotsUnavailable``, retryable:
 the page whose links need it is retried, nothing is queued meanwhile). A cached copy older than
 ``ROBOTS_TTL`` is fetched again. ``Crawl-delay`` is handed to the worker's per-host pacing
-(``HostGate.pace(host, floor=…)``).
+(``Worker._obey_crawl_delay`` → ``HostRules.raise_delay``, fleet-wide through ``fleet_gate``).
 """
 
 from __future__ import annotations

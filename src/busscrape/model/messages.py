@@ -93,6 +93,21 @@ class TaskOptions(_Model):
     extractor: str | None = Field(None, pattern=EXTRACTOR_NAME)
     """The extractor (``extractors/<name>.toml``) the worker runs on the rendered DOM; its record
     travels in the result and is archived as ``extracted.json``."""
+    proxy: str | None = Field(None, min_length=1, max_length=512)
+    """``direct``, the name of a proxy pool in the worker's settings, or a proxy URL without
+    credentials (``http://10.0.0.5:3128``); none: the worker's routes decide (``net/proxies.py``)."""
+
+    session: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """A session name: its cookies and storage persist across its tasks (the worker's sessions file
+    says how it logs in), isolated from other sessions and from session-less tasks."""
+
+    @field_validator("proxy")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        if value is not None and "://" in value and "@" in value.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("a task's proxy carries no credentials: name a pool from the worker's "
+                             "BUSSCRAPE_PROXY__POOLS instead")
+        return value
 
     # What Chromium refuses is refused here, where the task is built: otherwise every attempt of
     # the task would fail the same way in the worker.
@@ -158,7 +173,7 @@ def identity_tail(steps: tuple[Step, ...] | list[Step] = (), options: TaskOption
     return b"," + encoded[1:]
 
 
-LATER_OPTIONS = ("extractor",)
+LATER_OPTIONS = ("extractor", "proxy", "session")
 """TaskOptions fields that are part of a task's id only when set (see ``identity_tail``): a new
 option goes here, or it changes the id of every task (``tests/model/test_messages.py`` pins them)."""
 
@@ -236,6 +251,8 @@ class ScrapeResult(Message):
     """The task's extractor's record (tasks with an ``extractor`` only)."""
     crawl: CrawlRef | None = None
     """The task's place in its crawl (crawl tasks only); ``meta.json`` records it."""
+    proxy: str | None = None
+    """The upstream proxy the page went through, without credentials (none: direct)."""
 
 
 # -- dead letter --------------------------------------------------------------------------------

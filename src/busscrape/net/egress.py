@@ -10,6 +10,10 @@ and connect. After the handshake it only copies bytes (TLS stays end to end).
 Refusals are remembered per ``host:port`` for a while so the worker can tell a task *why* its
 navigation failed (Chromium itself only says ``ERR_SOCKS_CONNECTION_FAILED``).
 
+With an upstream proxy (``upstream``, one egress listener per proxy in use) the checked address is
+reached through that proxy instead: the target passes the policy first, and so must the proxy's
+own address; each attempt through it is reported to ``on_upstream`` (proxy health).
+
 Every connection is bounded: the SOCKS handshake must finish within ``handshake_timeout``; a
 connection that carries no byte either way for ``idle_timeout`` is closed; and once one side has
 closed its half, the other has ``linger`` seconds to finish (a peer that never closes cannot keep
@@ -25,11 +29,14 @@ import socket
 import struct
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
+from busscrape.net.addresses import IPAddress
 from busscrape.net.policy import NetworkPolicy
+from busscrape.net.upstream import Upstream, UpstreamFailed
 
 log = structlog.get_logger("busscrape.egress")
 
@@ -54,8 +61,11 @@ class EgressProxy:
     """A SOCKS5 server on loopback that enforces a ``NetworkPolicy``. Async context manager."""
 
     def __init__(self, policy: NetworkPolicy, host: str = "127.0.0.1", connect_timeout: float = 15.0, *,
-                 handshake_timeout: float = 15.0, idle_timeout: float = 300.0, linger: float = 30.0) -> None:
+                 handshake_timeout: float = 15.0, idle_timeout: float = 300.0, linger: float = 30.0,
+                 upstream: Upstream | None = None, on_upstream: Callable[[Upstream, bool], None] | None = None) -> None:
         self.policy = policy
+        self.upstream = upstream
+        self.on_upstream = on_upstream
         self.host = host
         self.port = 0
         self.connect_timeout = connect_timeout
@@ -195,6 +205,8 @@ class EgressProxy:
             self._remember(host, port, reason)
             log.info("egress.refused", host=host, port=port, reason=reason)
             return _NOT_ALLOWED
+        if self.upstream is not None:
+            return await self._through_upstream(self.upstream, host, port, allowed)
         last_error: OSError | None = None
         for ip in allowed:
             try:
@@ -203,6 +215,36 @@ class EgressProxy:
             except (OSError, TimeoutError) as exc:
                 last_error = exc if isinstance(exc, OSError) else OSError(str(exc))
         return _REFUSED if isinstance(last_error, ConnectionRefusedError) else _HOST_UNREACHABLE
+
+    async def _through_upstream(self, upstream: Upstream, host: str, port: int,
+                                allowed: list[IPAddress]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | int:
+        """Through the upstream proxy, to the first checked address it connects to."""
+        try:
+            proxy_ips = await self.policy.resolve(upstream.host, upstream.port)
+        except (OSError, ValueError):
+            proxy_ips = []
+        refusals = [self.policy.refusal(upstream.host, ip, upstream.port) for ip in proxy_ips]
+        if not proxy_ips or all(refusals):
+            reason = f"proxy {upstream.url}: {next((r for r in refusals if r), 'no address')}"
+            self._remember(host, port, reason)
+            log.info("egress.refused", host=host, port=port, reason=reason)
+            return _NOT_ALLOWED
+        error: UpstreamFailed | None = None
+        for ip in allowed:
+            try:
+                connection = await upstream.tunnel(str(ip), port, self.connect_timeout)
+            except UpstreamFailed as exc:
+                error = exc
+                continue
+            self._report(upstream, True)
+            return connection
+        self._report(upstream, False)
+        log.info("egress.upstream_failed", host=host, port=port, proxy=upstream.url, error=str(error)[:300])
+        return _HOST_UNREACHABLE
+
+    def _report(self, upstream: Upstream, ok: bool) -> None:
+        if self.on_upstream is not None:
+            self.on_upstream(upstream, ok)
 
     async def _reply(self, writer: asyncio.StreamWriter, code: int) -> None:
         # BND.ADDR is unused by Chromium; 0.0.0.0:0 is the usual filler.

@@ -24,6 +24,7 @@ import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -39,6 +40,7 @@ from busscrape.deadletters.queue import DeadLetterQueue, LetterFilter
 from busscrape.errors import StreamsMissing
 from busscrape.model.messages import utcnow
 from busscrape.worker.backpressure import HIGH_WATER, fill_of
+from busscrape.worker.fleet_gate import Cooling, cooling_hosts
 
 log = structlog.get_logger("busscrape.overview")
 
@@ -141,8 +143,8 @@ class Overview:
 
     async def snapshot(self, before: Counters | None = None) -> tuple[dict[str, Any], Counters]:
         """The status document (see the README for its keys) and the counters of this read."""
-        streams, consumers, by_stage, lag = await asyncio.gather(
-            self._streams(), self._consumers(), self._stage_counts(), self._jsz_lag())
+        streams, consumers, by_stage, lag, cooling = await asyncio.gather(
+            self._streams(), self._consumers(), self._stage_counts(), self._jsz_lag(), cooling_hosts(self.bus.js))
         counters = self._counters(streams, consumers)
         # After the stream reads, so that the scan's own consumer is not counted on DEADLETTER.
         reasons, sampled = await self._reasons(streams[names.DEADLETTER_STREAM]["state"])
@@ -159,6 +161,7 @@ class Overview:
             "lag": self._lag(consumers, lag),
             "results": _results_room(streams[names.RESULTS_STREAM]),
             "rates": rates(before, counters) if before is not None else None,
+            "cooling": [_cooling_row(c, time.time()) for c in cooling],
         }
         return doc, counters
 
@@ -265,6 +268,11 @@ class Overview:
             backlog={key: c["num_pending"] + c["num_ack_pending"] for key, c in consumers.items()},
             stream_of={key: c["stream"] for key, c in consumers.items()},
         )
+
+
+def _cooling_row(c: Cooling, now: float) -> dict[str, Any]:
+    return {"host": c.host, "until": datetime.fromtimestamp(c.until, UTC).isoformat(),
+            "seconds_left": round(max(c.until - now, 0.0), 1), "status": c.status, "worker": c.worker}
 
 
 def _results_room(info: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from busscrape.settings.sections import (
     IngesterSettings,
     NatsSettings,
     NetworkPolicySettings,
+    ProxySettings,
     S3Settings,
     SearchSettings,
     StreamSettings,
@@ -53,6 +54,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     extract: ExtractSettings = ExtractSettings()
     network: NetworkPolicySettings = NetworkPolicySettings()
+    proxy: ProxySettings = ProxySettings()
     s3: S3Settings = S3Settings()
     archive: ArchiveSettings = ArchiveSettings()
     ingester: IngesterSettings = IngesterSettings()
@@ -100,7 +102,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name in Settings.model_fields:
         value = getattr(settings, name)
         if isinstance(value, BaseModel):
-            data = value.model_dump(mode="json")
+            data = value.model_dump(mode="json", context={"reveal_secrets": True})
             for field_name, field_value in value:
                 if isinstance(field_value, SecretStr):
                     data[field_name] = field_value.get_secret_value()

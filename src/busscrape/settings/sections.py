@@ -13,7 +13,16 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    SerializationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from busscrape.settings.lists import CommaList, SwitchList
 from busscrape.units import Duration, Size
@@ -27,6 +36,7 @@ __all__ = [
     "IngesterSettings",
     "NatsSettings",
     "NetworkPolicySettings",
+    "ProxySettings",
     "S3Settings",
     "SearchSettings",
     "StreamSettings",
@@ -154,8 +164,19 @@ class StreamSettings(_Section):
     """Redelivery delay of a task whose worker went silent (workers heartbeat well inside it)."""
     worker_max_deliver: int = Field(5, ge=1)
     """Deliveries of one task before it is dead-lettered."""
+    worker_max_deferrals: int = Field(100_000, ge=0)
+    """Deferrals (a task nak'ed because its host was at its limit) one task may have on top of
+    ``worker_max_deliver``: the consumer's own ``max_deliver`` is the sum, while the worker counts
+    attempts without the deferrals."""
+    host_lease_ttl: Duration = Field("15s", ge=2)
+    """How long a worker's hold on a host slot lasts unrenewed (it renews every third): what a
+    killed worker's slot waits before the fleet may use it again."""
     worker_max_ack_pending: int = Field(20_000, ge=1)
     """Tasks in flight across the whole worker fleet."""
+    def worker_deliveries(self) -> int:
+        """The workers consumer's ``max_deliver``: attempts plus deferrals."""
+        return self.worker_max_deliver + self.worker_max_deferrals
+
     ingester_ack_wait: Duration = "120s"
     """Redelivery delay of a result whose ingester went silent."""
     max_msg_size: Size = "1MiB"
@@ -250,9 +271,25 @@ class WorkerSettings(_Section):
     recycle_rss: Size = "3GiB"
     """Relaunch the browser when Chromium's processes use more than this."""
     host_concurrency: int = Field(2, ge=1)
-    """Pages open on one host at once within this worker."""
+    """Pages open on one host at once across the whole worker fleet (leases in the HOSTS bucket)."""
     host_delay: Duration = 0.0
-    """Minimum time between two navigations to one host within this worker."""
+    """Minimum time between two page starts at one host across the whole fleet."""
+    fleet_politeness: bool = True
+    """Enforce the host limits below across the fleet (NATS KV round trips per page); false: no
+    per-host limits at all (for crawls whose hosts are far more than the fleet's pages in flight)."""
+    host_jitter: Duration = 0.0
+    """A random extra gap, 0 to this, added to ``host_delay`` after each start at a host."""
+    host_rules: Path | None = None
+    """A politeness file (TOML, ``[[host]]`` tables of ``glob``, ``concurrency``, ``delay``, ``jitter``):
+    per-host limits by glob, the first match wins (the README's politeness section)."""
+    sessions_file: Path | None = None
+    """The sessions file (TOML, ``[[session]]`` tables: ``name`` glob, ``login_url``, ``login_steps``,
+    ``check_selector``, ``check_url``, ``ttl``): how a task's ``options.session`` logs in."""
+    host_busy_retry: Duration = Field("500ms", gt=0)
+    """How soon a task whose host is at its ``host_concurrency`` comes back (nak'ed with this delay,
+    jittered ±50%, a deferral: no attempt, no browser slot)."""
+    cool_default: Duration = Field("10s", ge=0)
+    """How long a 429 or 503 without ``Retry-After`` cools its host for the whole fleet (0: not at all)."""
     allow_evaluate: bool = False
     """Allow the ``evaluate`` step (runs task-supplied JavaScript in the page)."""
     max_page_bytes: Size = "32MiB"
@@ -309,6 +346,36 @@ class NetworkPolicySettings(_Section):
     allow: CommaList = []
     """CIDRs (``127.0.0.2/32``) and ``host:port`` pairs opened despite being non-public,
     comma-separated (``127.0.0.2/32,intranet:443``) or a JSON array."""
+
+
+class ProxySettings(_Section):
+    """Upstream proxies (``net/upstream.py``, ``net/proxies.py``): pools, rotation, health, routes."""
+
+    pools: dict[str, list[str]] = {}
+    """Named pools of proxy URLs (``http://``, ``https://``, ``socks5://``, credentials in the URL),
+    as JSON: ``{"main": ["http://user:pass@10.0.0.5:3128", "socks5://10.0.0.6:1080"]}``. Shown
+    without credentials everywhere (``busscrape config`` too)."""
+    pool_files: dict[str, Path] = {}
+    """Pools read from files, one proxy URL a line (``#`` comments), as JSON ``{"name": "path"}``."""
+    routes: dict[str, str] = {}
+    """Host glob → pool, first match wins, as JSON: ``{"*.example.com": "main"}``."""
+    default_pool: str | None = None
+    """The pool of hosts no route names (none: they go direct)."""
+    rotation: Literal["round_robin", "random", "sticky_host", "sticky_session"] = "round_robin"
+    """How a pool's next proxy is chosen: in turn, at random, the same one per host, or per session
+    (tasks without a session then go in turn)."""
+    bench_after: int = Field(3, ge=1)
+    """Consecutive failures (the proxy unreachable, or refusing the tunnel) after which a proxy is benched."""
+    bench_for: Duration = Field("60s", gt=0)
+    """How long a benched proxy is left out before it is tried again."""
+
+    @field_serializer("pools")
+    def _masked(self, pools: dict[str, list[str]], info: SerializationInfo) -> dict[str, list[str]]:
+        if (info.context or {}).get("reveal_secrets"):
+            return pools
+        from busscrape.net.upstream import masked
+
+        return {name: [masked(url) for url in urls] for name, urls in pools.items()}
 
 
 class S3Settings(_Section):

@@ -64,6 +64,8 @@ class Telemetry:
                                         description="Chromium relaunches after a crash or for recycling")
         meter.create_observable_gauge("busscrape_results_full", [self._observe("results_full")],
                                       description="1 while this worker fetches no tasks because RESULTS is full")
+        meter.create_observable_gauge("busscrape_host_cooling", [self._observe("host_cooling")], unit="s",
+                                      description="Seconds a host still cools for the whole fleet (a 429/503), by host")
 
     def _observe(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(_: CallbackOptions) -> Iterable[Observation]:
@@ -72,8 +74,8 @@ class Telemetry:
         return callback
 
     def gauge(self, name: str, source: Callable[[], Iterable[tuple[float, dict[str, str]]]]) -> None:
-        """Report ``in_flight``, ``lag``, ``browser_restarts`` or ``results_full`` from ``source`` at each scrape
-        (several sources may report one gauge, with different attributes)."""
+        """Report ``in_flight``, ``lag``, ``browser_restarts``, ``results_full`` or ``host_cooling`` from
+        ``source`` at each scrape (several sources may report one gauge, with different attributes)."""
         self._gauges.setdefault(name, []).append(source)
 
     def exposition(self) -> bytes:

@@ -3,6 +3,10 @@
 A nak carries no data and the next delivery may run on another host, so each failed attempt
 is written here (key ``<task_id>.<task_seq>``) and the delivery that finally gives up puts the
 whole history into the dead letter. A task that succeeds after failures clears its entry.
+
+Deferrals (deliveries nak'ed because the task's host was at its limit, ``fleet_gate``) are counted
+beside it (key ``<task_id>.<task_seq>.deferred``): a task's attempt is its delivery count less
+its deferrals, so waiting for a busy host spends no attempt.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ _HISTORY = TypeAdapter(tuple[AttemptRecord, ...])
 
 def attempts_key(task_id: str, task_seq: int) -> str:
     return f"{task_id}.{task_seq}"
+
+
+def deferrals_key(task_id: str, task_seq: int) -> str:
+    return f"{task_id}.{task_seq}.deferred"
 
 
 class AttemptLog:
@@ -58,6 +66,25 @@ class AttemptLog:
             await (await self._bucket()).put(attempts_key(task_id, task_seq), payload)
         return history
 
+    async def deferrals(self, task_id: str, task_seq: int) -> int:
+        """How many deliveries of the task were deferrals (0 when none or unreadable)."""
+        try:
+            entry = await (await self._bucket()).get(deferrals_key(task_id, task_seq))
+            return int(entry.value or b"0")
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, ValueError, *TRANSIENT):
+            return 0
+
+    async def defer(self, task_id: str, task_seq: int, deferrals: int) -> bool:
+        """Record one more deferral on top of ``deferrals`` (known from this delivery's start:
+        deliveries of one task do not overlap). False when NATS did not take it."""
+        try:
+            await (await self._bucket()).put(deferrals_key(task_id, task_seq), str(deferrals + 1).encode())
+        except TRANSIENT:
+            return False
+        return True
+
     async def clear(self, task_id: str, task_seq: int) -> None:
         with contextlib.suppress(*TRANSIENT):
-            await (await self._bucket()).purge(attempts_key(task_id, task_seq))
+            kv = await self._bucket()
+            await kv.purge(attempts_key(task_id, task_seq))
+            await kv.purge(deferrals_key(task_id, task_seq))

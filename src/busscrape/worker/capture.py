@@ -86,6 +86,8 @@ class Rendered:
     """The rendered DOM as HTML, for the task's extractor (tasks with one only)."""
     links: PageLinks | None = None
     """The links of the rendered DOM (crawl tasks only)."""
+    proxy: str | None = None
+    """The upstream proxy the page went through, without credentials."""
 
 
 @dataclass

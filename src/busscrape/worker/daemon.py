@@ -17,6 +17,7 @@ fetching and holds what it rendered until there is room (``backpressure``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from contextlib import AsyncExitStack
 from datetime import datetime
@@ -33,6 +34,7 @@ from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
 from busscrape.bus.retry import TRANSIENT, patiently
 from busscrape.crawl.frontier import Frontier
+from busscrape.crawl.robots import RobotsUnavailable
 from busscrape.errors import (
     InvalidTask,
     MessageDecodeError,
@@ -46,8 +48,9 @@ from busscrape.extract.pool import ExtractionPool
 from busscrape.extract.registry import Registry
 from busscrape.model.messages import ArtifactRef, Extraction, ScrapeResult, ScrapeTask, decode, utcnow
 from busscrape.model.steps import Evaluate
-from busscrape.net.egress import EgressProxy
+from busscrape.net.egresses import Egresses
 from busscrape.net.policy import NetworkPolicy
+from busscrape.net.proxies import Proxies
 from busscrape.settings import Settings
 from busscrape.status.records import StatusBoard, Transitions
 from busscrape.status.standing import objects_of, standing_results
@@ -58,10 +61,13 @@ from busscrape.worker.backpressure import ResultsRoom
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.capture import Rendered
 from busscrape.worker.failures import Failures
-from busscrape.worker.politeness import HostGate
+from busscrape.worker.fleet_gate import Deferred, FleetGate, Slot, Unlimited, Wait
+from busscrape.worker.host_rules import HostRules, Limit
 from busscrape.worker.reaper import Reaper
 from busscrape.worker.render import Renderer
 from busscrape.worker.results import ResultPublisher
+from busscrape.worker.sessions import Sessions
+from busscrape.worker.sessions import read_rules as read_sessions
 
 log = structlog.get_logger("busscrape.worker")
 
@@ -77,8 +83,11 @@ class Worker(PullService):
                          grace_period=w.grace_period, telemetry=telemetry)
         self.settings = settings
         self.policy = NetworkPolicy.from_settings(settings.network.allow)
-        self.gate = HostGate(w.host_concurrency, w.host_delay)
         self.attempts = AttemptLog(bus.js)
+        # Loaded here, before anything connects: an invalid politeness file stops the worker at start.
+        self.gate = FleetGate(bus.js, HostRules.load(Limit(w.host_concurrency, w.host_delay, w.host_jitter),
+                                                      w.host_rules),
+                              holder=w.name, busy_retry=w.host_busy_retry, ttl=settings.streams.host_lease_ttl)
         self.artifacts = ArtifactStore(bus.js, timeout=settings.nats.request_timeout)
         self.board = StatusBoard(bus.js)
         self.room = ResultsRoom(bus.js)
@@ -86,18 +95,22 @@ class Worker(PullService):
                                        timeout=settings.nats.request_timeout,
                                        max_msg_size=settings.streams.max_msg_size)
         self.failures = Failures(bus, settings, self.attempts, self.results, self.count, telemetry)
+        self._stack = AsyncExitStack()
+        # Read here: a bad proxy pool or route stops the worker at start.
+        self.proxies = Proxies(settings.proxy)
+        self.egresses = Egresses(self.policy, self._stack, on_upstream=self.proxies.report)
+        self.sessions = Sessions(bus.js, read_sessions(w.sessions_file)) if w.sessions_file is not None else None
         self.pool: BrowserPool | None = None
         self.renderer: Renderer | None = None
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
         self.extractors = Registry.load(settings.extract.dir)
         self.extraction: ExtractionPool | None = None
         self.frontier = Frontier(bus.js, settings, self.policy)
-        self._stack = AsyncExitStack()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        egress = await self._stack.enter_async_context(EgressProxy(self.policy))
+        egress = await self.egresses.start()
         w = self.settings.worker
         self.pool = await self._stack.enter_async_context(
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
@@ -109,12 +122,15 @@ class Worker(PullService):
             self.extraction = await self._stack.enter_async_context(
                 ExtractionPool(self.extractors, processes=x.processes, timeout=x.timeout, max_memory=x.max_memory))
         log.info("worker.extractors", folder=str(self.settings.extract.dir), names=sorted(self.extractors))
-        self.renderer = Renderer(self.pool, self.policy, egress, w)
+        self.renderer = Renderer(self.pool, self.policy, self.egresses, w, self.proxies, self.sessions)
         await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
             pool, room = self.pool, self.room
             self.telemetry.gauge("browser_restarts", lambda: [(pool.restarts, {})])
             self.telemetry.gauge("results_full", lambda: [(1 if room.full else 0, {})])
+            gate = self.gate
+            self.telemetry.gauge("host_cooling", lambda: [(round(c.until - time.time(), 1), {"host": c.host})
+                                                          for c in gate.cooling_now()])
 
     def counted(self, outcome: str) -> None:
         if self.telemetry is not None:
@@ -135,8 +151,12 @@ class Worker(PullService):
 
     async def background(self) -> list[asyncio.Task[Any]]:
         info = await patiently(lambda: self.bus.js.consumer_info(self.stream, self.durable), what="TASKS/workers")
-        self.failures.max_deliver = info.config.max_deliver or -1
-        tasks = [asyncio.create_task(self.room.run(self._stopping), name="results-room")]
+        # The consumer's max_deliver leaves room for deferrals on top of the attempts (an older
+        # consumer, provisioned without that room, counts attempts alone).
+        deliveries, room = info.config.max_deliver or -1, self.settings.streams.worker_max_deferrals
+        self.failures.max_deliver = deliveries - room if deliveries > room else deliveries
+        tasks = [asyncio.create_task(self.room.run(self._stopping), name="results-room"),
+                 asyncio.create_task(self.gate.watch_cooling(), name="cooling-watch")]
         if (interval := self.settings.worker.stray_chunk_interval) > 0:
             strays = leftovers.StrayChunks(self.artifacts)
             tasks.append(asyncio.create_task(strays.run(self._stopping, interval), name="stray-chunks"))
@@ -163,7 +183,9 @@ class Worker(PullService):
         except MessageDecodeError as exc:
             await self.failures.poison(msg, exc)
             return
-        attempt = msg.metadata.num_delivered
+        seq, delivered = msg.metadata.sequence.stream, msg.metadata.num_delivered
+        deferrals = await self.attempts.deferrals(task.task_id, seq) if delivered > 1 else 0
+        attempt = max(delivered - deferrals, 1)
         with structlog.contextvars.bound_contextvars(task_id=task.task_id, url=task.url, attempt=attempt,
                                                      trace_id=tracing.trace_id_of(headers)), \
                 tracing.consuming("render task", headers, self.stream, **{
@@ -173,7 +195,51 @@ class Worker(PullService):
                                 attempt=attempt, worker=self.settings.worker.name)
             if attempt > 1 and await self._done_before(msg, task, story):
                 return
-            await self._work(msg, task, story, span)
+            if 0 < self.failures.max_deliver < attempt:
+                await self.failures.exhausted(msg, story, task, seq)
+                return
+            slot = await self._enter_host(msg, task, seq, deferrals)
+            if slot is None:
+                return
+            try:
+                await self._work(msg, task, story, span, slot, clear=attempt > 1 or deferrals > 0)
+            except Deferred as deferred:
+                await slot.release()
+                await self._defer(msg, task, seq, deferrals, deferred.wait)
+            finally:
+                await slot.release()
+
+    async def _enter_host(self, msg: Msg, task: ScrapeTask, seq: int, deferrals: int) -> Slot | Unlimited | None:
+        """The host's slot and start (``fleet_gate``), or None when the task was deferred: nak'ed
+        for when the host may take it, the deferral counted so it spends no attempt. The task
+        holds no browser or worker slot meanwhile, and this worker goes on with other tasks."""
+        if not self.settings.worker.fleet_politeness:
+            return Unlimited()
+        host = urlsplit(task.url).hostname or ""
+        try:
+            await self._obey_crawl_delay(task, host)
+            entered = await self.gate.enter(host)
+        except (*TRANSIENT, RobotsUnavailable) as exc:
+            log.warning("host.gate_unavailable", error=repr(exc))
+            entered = Wait(self.failures.retry_delay(1), "unavailable")
+        if isinstance(entered, Slot):
+            return entered
+        await self._defer(msg, task, seq, deferrals, entered)
+        return None
+
+    async def _obey_crawl_delay(self, task: ScrapeTask, host: str) -> None:
+        """robots.txt's ``Crawl-delay`` raises the host's delay (never lowers it) before the gate
+        is entered, where the slot reads its limit; every worker reads the same cached robots.txt."""
+        if task.crawl is not None and (delay := await self.frontier.crawl_delay(task)):
+            self.gate.rules.raise_delay(host, delay)
+
+    async def _defer(self, msg: Msg, task: ScrapeTask, seq: int, deferrals: int, wait: Wait) -> None:
+        if not await self.attempts.defer(task.task_id, seq, deferrals):
+            wait = Wait(max(wait.seconds, 1.0), wait.why)  # not counted: it spends an attempt
+        self.count("deferred")
+        self.handed_on(wait.seconds)  # not a task taken; not idle before it is due back
+        log.debug("task.deferred", why=wait.why, seconds=round(wait.seconds, 3))
+        await msg.nak(delay=wait.seconds)
 
     async def _done_before(self, msg: Msg, task: ScrapeTask, story: Transitions) -> bool:
         """A redelivery of a task an earlier delivery finished (it died before its ack, or its
@@ -198,8 +264,10 @@ class Worker(PullService):
         log.info("task.already_done", settled=story.settled, standing=len(standing or ()))
         return True
 
-    async def _work(self, msg: Msg, task: ScrapeTask, story: Transitions, span: Any) -> None:
-        """Render, store, publish, ack; or hand the failure to its path (retry or dead letter)."""
+    async def _work(self, msg: Msg, task: ScrapeTask, story: Transitions, span: Any, slot: Slot | Unlimited, *,
+                    clear: bool) -> None:
+        """Render (holding ``slot`` on the task's host), store, publish, ack; or hand the failure
+        to its path (retry or dead letter)."""
         seq, attempt = msg.metadata.sequence.stream, story.attempt
         started = time.perf_counter()
         # Stored while the page renders, not before: one round trip less per task (a redelivery
@@ -209,7 +277,12 @@ class Worker(PullService):
         try:
             self._validate(task)
             scraped_at = utcnow()
-            rendered = await self._render(task)
+            async with slot:
+                try:
+                    rendered = await self._render(task, slot)
+                except RetryableError as exc:
+                    await self._cool(task, exc)  # before the slot goes: no one else starts there first
+                    raise
             extraction = await self._extract(task, rendered)
             if task.crawl is not None:
                 await self._keep_links(task, rendered)
@@ -226,6 +299,10 @@ class Worker(PullService):
                 # After the result stands: a page's links never outrun the page itself.
                 await self._follow(task, rendered)
             await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+        except Deferred:
+            span.set_attribute("busscrape.outcome", "deferred")
+            await running
+            raise
         except RetryableError as exc:
             span.set_attribute("busscrape.outcome", f"retry:{exc.reason}")
             await running
@@ -246,8 +323,18 @@ class Worker(PullService):
         if self.telemetry is not None:
             self.telemetry.render_duration.record(time.perf_counter() - started)
         log.info("task.done", status=result.status, ms=result.timings.get("total"))
-        if attempt > 1:
+        if clear:
             await self.attempts.clear(task.task_id, seq)
+
+    async def _cool(self, task: ScrapeTask, exc: RetryableError) -> None:
+        """A 429 or 503 cools its host for the whole fleet: for Retry-After, else ``cool_default``."""
+        if exc.reason not in ("http_429", "http_503"):
+            return
+        seconds = exc.retry_after if exc.retry_after is not None else self.settings.worker.cool_default
+        seconds = min(seconds, self.settings.worker.retry_max_delay)
+        with contextlib.suppress(*TRANSIENT):
+            await self.gate.cool(urlsplit(task.url).hostname or "", seconds,
+                                 status=int(exc.reason[5:]), worker=self.settings.worker.name)
 
     def _validate(self, task: ScrapeTask) -> None:
         if len(task.steps) > self.settings.worker.max_steps:
@@ -289,26 +376,22 @@ class Worker(PullService):
         except TRANSIENT as exc:
             raise StorageUnavailable(f"following links: {exc or type(exc).__name__}") from None
 
-    async def _render(self, task: ScrapeTask) -> Rendered:
+    async def _render(self, task: ScrapeTask, slot: Slot | Unlimited) -> Rendered:
         """The page rendered and captured within ``task_timeout``, which starts once the host's
-        politeness lets the task go: waiting for a busy host is not rendering."""
+        politeness let the task in (``_enter_host``): waiting for a busy host is not rendering."""
         assert self.renderer is not None
-        host = urlsplit(task.url).hostname or ""
-        follow, floor = None, None
+        follow = None
         if task.crawl is not None:
             try:
                 follow = (await self.frontier.state.spec(task.crawl.crawl_id)).follow
-                floor = await self.frontier.crawl_delay(task)  # robots.txt's Crawl-delay for this host
             except TRANSIENT as exc:
                 raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}") from None
-        async with self.gate.enter(host):
-            await self.gate.pace(host, floor=floor)
-            try:
-                async with asyncio.timeout(self.settings.worker.task_timeout):
-                    return await self.renderer.render(task, follow=follow)
-            except TimeoutError:
-                raise NavigationTimeout(f"task took longer than task_timeout "
-                                        f"{self.settings.worker.task_timeout:.0f}s", reason="task_timeout") from None
+        try:
+            async with asyncio.timeout(self.settings.worker.task_timeout):
+                return await self.renderer.render(task, slot.start_or_defer, follow=follow)
+        except TimeoutError:
+            raise NavigationTimeout(f"task took longer than task_timeout "
+                                    f"{self.settings.worker.task_timeout:.0f}s", reason="task_timeout") from None
 
     async def _result(self, task: ScrapeTask, seq: int, attempt: int, rendered: Rendered,
                       scraped_at: datetime, extraction: Extraction | None = None) -> ScrapeResult:
@@ -330,4 +413,5 @@ class Worker(PullService):
             artifacts=tuple(refs), labels=task.labels, worker=self.settings.worker.name, attempt=attempt,
             scraped_at=scraped_at, blocked_requests=tuple(rendered.blocked_requests),
             dispatched_at=task.dispatched_at, extraction=extraction, crawl=task.crawl,
+            proxy=rendered.proxy,
         )

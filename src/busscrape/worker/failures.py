@@ -34,6 +34,10 @@ from busscrape.worker.results import ResultPublisher
 log = structlog.get_logger("busscrape.worker")
 
 
+class DeliveriesExhausted(PermanentError):
+    reason = "max_deliveries"
+
+
 class Failures:
     """The retry and dead-letter paths of one worker."""
 
@@ -90,6 +94,18 @@ class Failures:
             log.warning("task.handed_back_unrecorded", reason=exc.reason)
             return
         log.info("task.handed_back", reason=exc.reason)
+
+    async def exhausted(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int) -> None:
+        """A delivery past the last attempt (deferrals left out): earlier deliveries died without
+        an outcome (a worker killed each time). The worker files what the reaper would have, as the
+        consumer's own ``max_deliver`` leaves room for deferrals."""
+        history = await self.attempts.history(task.task_id, seq)
+        last = history[-1] if history else None  # as the reaper files it (worker/reaper.py)
+        what = f"last attempt: {last.error}" if last else "no attempt finished: each delivery's worker died"
+        exc = DeliveriesExhausted(f"delivered {story.attempt - 1} times without an outcome (max_deliver "
+                                  f"{self.max_deliver}, deferrals not counted); {what}",
+                                  reason=last.reason if last else None)
+        await self._file(msg, story, task, seq, history, exc, last=False)
 
     async def dead(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int, exc: PermanentError) -> None:
         """File the letter now: retrying cannot help."""

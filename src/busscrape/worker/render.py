@@ -16,20 +16,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import structlog
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page, Request, Response, Route
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from busscrape.artifacts.files import CONTENT_TYPES, screenshot_file
-from busscrape.errors import LimitExceeded, NavigationTimeout, PermanentStatus, RetryableStatus
+from busscrape.errors import InvalidTask, LimitExceeded, NavigationTimeout, PermanentStatus, RetryableStatus
 from busscrape.model.messages import ScrapeTask
 from busscrape.net.egress import EgressProxy
+from busscrape.net.egresses import Egresses
 from busscrape.net.policy import NetworkPolicy
+from busscrape.net.proxies import Proxies
+from busscrape.net.upstream import Upstream
 from busscrape.settings import WorkerSettings
 from busscrape.telemetry import tracing
 from busscrape.worker.browser.pool import BrowserPool
@@ -37,11 +41,14 @@ from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.capture import Capture, Capturer, Rendered, Visit
 from busscrape.worker.har import HarRecorder
 from busscrape.worker.page_errors import first_line, navigation_error, page_error, retry_after_seconds
+from busscrape.worker.sessions import SessionRule, Sessions, Stored
 from busscrape.worker.status_policy import StatusPolicy
 from busscrape.worker.step_runner import run_steps
 from busscrape.worker.warc import PayloadIndex, WarcRecorder
 
 __all__ = ["Capture", "Rendered", "Renderer"]
+
+log = structlog.get_logger("busscrape.worker")
 
 
 @dataclass
@@ -67,11 +74,14 @@ class _Watch:
 
 
 class Renderer:
-    def __init__(self, pool: BrowserPool, policy: NetworkPolicy, egress: EgressProxy | None,
-                 settings: WorkerSettings) -> None:
+    def __init__(self, pool: BrowserPool, policy: NetworkPolicy, egress: EgressProxy | Egresses | None,
+                 settings: WorkerSettings, proxies: Proxies | None = None,
+                 sessions: Sessions | None = None) -> None:
         self.pool = pool
         self.policy = policy
         self.egress = egress
+        self.proxies = proxies
+        self.sessions = sessions
         self.settings = settings
         self.statuses = StatusPolicy.parse(settings.retry_statuses, settings.dead_statuses)
         self.capturer = Capturer(settings, browser_version=lambda: pool.version)
@@ -85,26 +95,93 @@ class Renderer:
         self._chores.add(chore)
         chore.add_done_callback(lambda done: (self._chores.discard(done), done.cancelled() or done.exception()))
 
-    async def render(self, task: ScrapeTask, follow: str | None = None) -> Rendered:
-        """``follow``: the CSS selector of the links to read from the page (crawl tasks)."""
-        opts = task.options
+    async def render(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None = None,
+                     follow: str | None = None) -> Rendered:
+        """``before_navigation`` runs right before the page is requested (the host's start is
+        taken there: page set-up time does not shift it); what it raises ends the render.
+        ``follow``: the CSS selector of the links to read from the page (crawl tasks)."""
         await self.policy.check_url(task.url)
-        async with self.pool.tab(user_agent=opts.user_agent) as tab:
+        name = task.options.session
+        if name is None:
+            return await self._render(task, before_navigation, None, follow)
+        if self.sessions is None:
+            raise InvalidTask(f"task names session {name!r} but this worker has no sessions file "
+                              "(BUSSCRAPE_WORKER__SESSIONS_FILE)", reason="unknown_session")
+        rule = self.sessions.rule(name)
+        async with self.sessions.lock(name):  # one login per session, not one per slot
+            return await self._render(task, before_navigation, rule, follow)
+
+    async def _render(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None,
+                      rule: SessionRule | None, follow: str | None) -> Rendered:
+        opts = task.options
+        # An expired session is read too (its login count goes on), but starts from nothing.
+        stored = await self.sessions.store.get(rule_name(task), expired=True) if rule and self.sessions else None
+        upstream, listener = await self._proxy_for(task, stored.proxy if stored is not None else None)
+        fresh = stored is not None and stored.expires_at > time.time()
+        state = None if rule is None else stored.state if fresh and stored else {"cookies": [], "origins": []}
+        async with self.pool.tab(user_agent=opts.user_agent, proxy=listener, session=state) as tab:
             try:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
+                logged_in = rule is not None and not fresh
+                if logged_in:
+                    await self._login(tab, rule, task)
                 watch = await self._watch(tab, task)
                 try:
-                    return await self._visit(tab, task, watch, follow)
+                    rendered = await self._visit(tab, task, watch, before_navigation, follow)
+                    if rule is not None and not logged_in and not await _session_holds(tab.page, rule):
+                        await self._login(tab, rule, task)  # the check failed: logged out, log in again
+                        logged_in = True
+                        rendered = await self._visit(tab, task, watch, before_navigation, follow)
                 except BaseException:
                     if watch.warc is not None:
                         watch.warc.close()  # its temporary file: no capture will carry it
                     raise
                 finally:
                     watch.detach()
+                rendered.proxy = upstream.url if upstream is not None else None
+                if rule is not None:
+                    await self._keep_session(tab, task, rule, stored, logged_in, rendered.proxy)
+                return rendered
             except PlaywrightTimeout as exc:
                 raise NavigationTimeout(f"{task.url}: {first_line(exc)}", reason="page_timeout") from None
             except PlaywrightError as exc:
                 raise page_error(task.url, exc) from None
+
+    async def _login(self, tab: Tab, rule: SessionRule, task: ScrapeTask) -> None:
+        """The session's login: its page, its steps, the page left to settle."""
+        assert self.sessions is not None
+        timeout = task.options.navigation_timeout or self.settings.navigation_timeout
+        await self.policy.check_url(rule.login_url)
+        with tracing.span("session login", **{"busscrape.session": task.options.session or ""}):
+            await tab.page.goto(rule.login_url, wait_until="load", timeout=timeout * 1000)
+            await run_steps(tab.page, rule.login_steps, default_timeout=timeout, allow_evaluate=False,
+                            check_url=self.policy.check_url, take_screenshot=_no_shots)
+            await tab.page.wait_for_load_state("load", timeout=timeout * 1000)
+        self.sessions.logins += 1
+        log.info("session.logged_in", session=task.options.session)
+
+    async def _keep_session(self, tab: Tab, task: ScrapeTask, rule: SessionRule, stored: Stored | None,
+                            logged_in: bool, proxy: str | None) -> None:
+        """Store the context's state back: cookies the task's pages set carry on."""
+        assert self.sessions is not None and task.options.session is not None
+        now = time.time()
+        state = await tab.context.storage_state()
+        if logged_in or stored is None:
+            kept = Stored(task.options.session, state, now, now + rule.ttl, proxy,
+                          (stored.logins + 1) if stored is not None else 1)
+        else:
+            kept = Stored(task.options.session, state, stored.logged_in_at, stored.expires_at, proxy, stored.logins)
+        await self.sessions.store.put(kept)
+
+    async def _proxy_for(self, task: ScrapeTask, prefer: str | None = None) -> tuple[Upstream | None, str | None]:
+        """The task's upstream proxy (``net/proxies.py``) and the egress listener in front of it."""
+        if self.proxies is None or not isinstance(self.egress, Egresses):
+            return None, None
+        upstream = self.proxies.choose(task.options.proxy, urlsplit(task.url).hostname or "",
+                                       session=task.options.session, prefer=prefer)
+        if upstream is None:
+            return None, None
+        return upstream, await self.egress.listener_for(upstream)
 
     async def _watch(self, tab: Tab, task: ScrapeTask) -> _Watch:
         """Routes and listeners for this task: blocked resource types, failed requests, an
@@ -147,10 +224,13 @@ class Renderer:
             watch.listeners.extend(watch.warc.listeners())
         return watch
 
-    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch, follow: str | None = None) -> Rendered:
-        started = time.perf_counter()
+    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch,
+                     before_navigation: Callable[[], Awaitable[None]] | None, follow: str | None = None) -> Rendered:
         timeout = task.options.navigation_timeout or self.settings.navigation_timeout
         tab.page.set_default_timeout(timeout * 1000)
+        if before_navigation is not None:
+            await before_navigation()
+        started = time.perf_counter()
         response = await self._navigate(tab.page, task, watch, timeout)
         navigated = time.perf_counter()
         status, headers, chain = self._answer(tab.page, response)
@@ -225,6 +305,24 @@ class Renderer:
             if parts.hostname and (why := self.egress.explain(parts.hostname, port, since)):
                 return f"{parts.hostname}:{port}: {why}"
         return None
+
+
+def rule_name(task: ScrapeTask) -> str:
+    assert task.options.session is not None
+    return task.options.session
+
+
+async def _session_holds(page: Page, rule: SessionRule) -> bool:
+    """The session's check on a task's page: still logged in?"""
+    if rule.check_url and rule.check_url in page.url:
+        return False
+    if rule.check_selector:
+        return await page.query_selector(rule.check_selector) is not None
+    return True
+
+
+async def _no_shots(name: str, full_page: bool) -> None:
+    raise InvalidTask(f"login steps take no screenshots ({name})", reason="invalid_session")
 
 
 def _ms(seconds: float) -> float:

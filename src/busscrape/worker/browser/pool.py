@@ -62,7 +62,7 @@ class BrowserPool:
         self._entered = False
         self.isolation = isolation
         self.tab_max_uses = tab_max_uses
-        self._tabs: dict[str | None, list[Tab]] = {}
+        self._tabs: dict[tuple[str | None, str | None], list[Tab]] = {}
         self.tab_wipe_delay = tab_wipe_delay
         self.idle_tabs = idle_tabs
         """Wiped tabs kept ready, over all user agents (each distinct ``user_agent`` needs its own)."""
@@ -153,14 +153,19 @@ class BrowserPool:
     # -- contexts ---------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def tab(self, *, user_agent: str | None = None) -> AsyncIterator[Tab]:
+    async def tab(self, *, user_agent: str | None = None, proxy: str | None = None,
+                  session: dict[str, Any] | None = None) -> AsyncIterator[Tab]:
         """An isolated tab for one task: a wiped, reused one (``isolation="tab"``) or a fresh
         context (``isolation="context"``). Nothing one task leaves is visible to the next."""
         browser = await self._ensure()
-        tab = await self._idle_tab(user_agent)
+        # A session's tab is its own context, loaded with the session's state and closed after
+        # the task: no other task ever sees it.
+        tab = None if session is not None else await self._idle_tab((user_agent, proxy))
         if tab is None:
             try:
-                tab = await Tab.open(browser, user_agent=user_agent, generation=self.restarts)
+                tab = await Tab.open(browser, user_agent=user_agent, proxy=proxy, generation=self.restarts,
+                                     storage_state=session)
+                tab.private = session is not None
             except PlaywrightError as exc:
                 raise BrowserCrashed(f"cannot open a browser context: {exc.message}") from None
         self._open += 1
@@ -172,7 +177,7 @@ class BrowserPool:
             if self._reusable(tab):
                 # Wipe after the task has left: its result need not wait for the clean-up. With
                 # another tab ready, later still, so that it does not slow the result down either.
-                defer = self.tab_wipe_delay if self._tabs.get(tab.user_agent) else 0.0
+                defer = self.tab_wipe_delay if self._tabs.get(tab.kind) else 0.0
                 wipe = asyncio.create_task(self._wipe(tab, defer))
                 self._wiping.add(wipe)
                 wipe.add_done_callback(self._wiping.discard)
@@ -186,11 +191,11 @@ class BrowserPool:
         browser = await self._ensure()
         opened = await asyncio.gather(*(Tab.open(browser, user_agent=None, generation=self.restarts)
                                         for _ in range(count)), return_exceptions=True)
-        self._tabs.setdefault(None, []).extend(t for t in opened if isinstance(t, Tab))
+        self._tabs.setdefault((None, None), []).extend(t for t in opened if isinstance(t, Tab))
 
-    async def _idle_tab(self, user_agent: str | None) -> Tab | None:
+    async def _idle_tab(self, kind: tuple[str | None, str | None]) -> Tab | None:
         while True:
-            tabs = self._tabs.get(user_agent, [])
+            tabs = self._tabs.get(kind, [])
             while tabs:
                 tab = tabs.pop()
                 if tab.generation == self.restarts and self.up:
@@ -209,7 +214,7 @@ class BrowserPool:
                     self._wanted.clear()
 
     def _reusable(self, tab: Tab) -> bool:
-        return (self.isolation == "tab" and not tab.broken and tab.uses < self.tab_max_uses
+        return (self.isolation == "tab" and not tab.private and not tab.broken and tab.uses < self.tab_max_uses
                 and tab.generation == self.restarts and self.up and not self._recycling)
 
     async def _wipe(self, tab: Tab, defer: float = 0.0) -> None:
@@ -238,13 +243,13 @@ class BrowserPool:
         for each until the next recycle)."""
         self._shelved += 1
         tab.shelved = self._shelved
-        self._tabs.setdefault(tab.user_agent, []).append(tab)
+        self._tabs.setdefault(tab.kind, []).append(tab)
         idle = sorted((t for ts in self._tabs.values() for t in ts), key=lambda t: t.shelved)
         surplus = idle[:max(len(idle) - self.idle_tabs, 0)]
         for old in surplus:
-            self._tabs[old.user_agent].remove(old)
-            if not self._tabs[old.user_agent]:
-                del self._tabs[old.user_agent]
+            self._tabs[old.kind].remove(old)
+            if not self._tabs[old.kind]:
+                del self._tabs[old.kind]
         return surplus
 
     async def _retire(self, tab: Tab) -> None:

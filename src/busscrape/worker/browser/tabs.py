@@ -49,11 +49,16 @@ class Tab:
     """A context with one page, reused by one task at a time."""
 
     def __init__(self, context: BrowserContext, page: Page, cdp: CDPSession, *, user_agent: str | None,
+                 proxy: str | None = None,
                  generation: int) -> None:
         self.context = context
         self.page = page
         self.cdp = cdp
         self.user_agent = user_agent
+        self.proxy = proxy
+        self.private = False
+        """A session's tab: closed after its task, never reused."""
+        """The egress listener this tab's context goes through (one per upstream proxy; none: the browser's)."""
         self.generation = generation
         self.uses = 0
         self.shelved = 0
@@ -69,11 +74,21 @@ class Tab:
         page.on("crash", self._crashed)
         context.on("page", self._popup)
 
+    @property
+    def kind(self) -> tuple[str | None, str | None]:
+        """What tabs must share to be reused for one another: user agent and proxy."""
+        return self.user_agent, self.proxy
+
     @classmethod
-    async def open(cls, browser: Browser, *, user_agent: str | None, generation: int) -> Tab:
+    async def open(cls, browser: Browser, *, user_agent: str | None, generation: int,
+                   proxy: str | None = None, storage_state: dict[str, Any] | None = None) -> Tab:
         options: dict[str, Any] = {"accept_downloads": False, "service_workers": "block"}
         if user_agent:
             options["user_agent"] = user_agent
+        if proxy:
+            options["proxy"] = {"server": proxy, "bypass": "<-loopback>"}
+        if storage_state is not None:
+            options["storage_state"] = storage_state
         context = await browser.new_context(**options)
         try:
             page = await context.new_page()
@@ -81,7 +96,7 @@ class Tab:
         except Exception:
             await context.close()
             raise
-        return cls(context, page, cdp, user_agent=user_agent, generation=generation)
+        return cls(context, page, cdp, user_agent=user_agent, proxy=proxy, generation=generation)
 
     # -- per task ---------------------------------------------------------------------------
 

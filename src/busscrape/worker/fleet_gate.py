@@ -1,0 +1,311 @@
+"""Per-host politeness across the whole worker fleet, on NATS KV (the HOSTS and COOLING buckets).
+
+A task may start at a host when three things hold, checked in this order right before it renders:
+
+1. the host is not cooling (COOLING, which every worker watches: a 429/503 put it there);
+2. one of the host's ``concurrency`` slots is free: ``slot.<host>.<i>`` is *created* (atomic,
+   first writer wins) by the worker that takes it, renewed every third of the bucket's TTL while
+   the page renders, deleted when it is done. A worker killed while holding one stops renewing,
+   and the bucket's TTL (``streams.host_lease_ttl``) removes the key: the slot is free again;
+3. the host's next start time (``next.<host>``, wall clock) has come: right before the
+   navigation (``Slot.start``: page set-up time does not shift the start) the worker moves it on
+   by ``delay`` + a random jitter with a compare-and-set, so two workers never take one start.
+
+When one of them does not hold, ``enter`` answers how long to wait instead of waiting: the worker
+naks the task with that delay (a *deferral*, see ``daemon``), so the task holds no browser slot
+and no worker slot meanwhile, and the worker renders other hosts' tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import time
+from dataclasses import dataclass
+
+import nats.js.errors
+import orjson
+import structlog
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from busscrape.bus import names
+from busscrape.bus.retry import TRANSIENT
+from busscrape.worker.host_rules import HostRules, Limit
+
+log = structlog.get_logger("busscrape.worker")
+
+_PLAIN = re.compile(r"[a-z0-9-]")
+
+
+def host_token(host: str) -> str:
+    """A host as KV key tokens (keys allow ``[-/_=.a-zA-Z0-9]``): other characters as ``_xx``,
+    so ``[::1]`` and every hostname map to one key each, reversibly (``host_of``)."""
+    host = host.lower().rstrip(".") or "_"
+    dots_ok = ".." not in host and not host.startswith(".")
+    return "".join(c if _PLAIN.match(c) or (c == "." and dots_ok) else "".join(f"_{b:02x}" for b in c.encode())
+                   for c in host)
+
+
+def host_of(token: str) -> str:
+    return re.sub(rb"_([0-9a-f]{2})", lambda m: bytes([int(m[1], 16)]), token.encode()).decode(errors="replace")
+
+
+async def _read_due(kv: KeyValue, key: str) -> tuple[int, float]:
+    """The revision of a host's next-start key and the time it names (0, 0 when there is none)."""
+    try:
+        entry = await kv.get(key)
+    except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        return 0, 0.0
+    try:
+        return entry.revision or 0, float(entry.value or b"0")
+    except ValueError:
+        return entry.revision or 0, 0.0  # not a time (written by something else): taken over
+
+
+async def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Not now: come back after ``seconds``; ``why`` is ``cooling``, ``busy`` or ``delay``."""
+
+    seconds: float
+    why: str
+
+
+class Deferred(Exception):
+    """Raised from inside a render whose host start was taken by another worker meanwhile."""
+
+    def __init__(self, wait: Wait) -> None:
+        super().__init__(f"host busy ({wait.why}); back in {wait.seconds:.2f}s")
+        self.wait = wait
+
+
+class Slot:
+    """One held host slot, renewed until released (release is idempotent)."""
+
+    def __init__(self, kv: KeyValue, key: str, revision: int, ttl: float, *, token: str, limit: Limit) -> None:
+        self._kv, self.key, self.revision, self.ttl = kv, key, revision, ttl
+        self.token, self.limit = token, limit
+        self._renewing = asyncio.create_task(self._keep(), name=f"lease {key}")
+        self._released = False
+
+    async def start(self) -> float:
+        """Take the host's next start (moving it on by the delay and a jitter, compare-and-set):
+        0 when taken, else the seconds until it is due (another worker took it meanwhile)."""
+        if self.limit.delay <= 0 and self.limit.jitter <= 0:
+            return 0.0
+        key = f"next.{self.token}"
+        while True:
+            revision, due = await _read_due(self._kv, key)
+            now = time.time()
+            if due > now:
+                return due - now
+            following = repr(now + self.limit.delay + random.uniform(0, self.limit.jitter)).encode()
+            try:
+                if revision:
+                    await self._kv.update(key, following, last=revision)
+                else:
+                    await self._kv.create(key, following)
+                return 0.0
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # another worker took this start: look again
+
+    async def start_or_defer(self) -> None:
+        """``start``, raising ``Deferred`` when the start is not this worker's to take now."""
+        if (left := await self.start()) > 0:
+            raise Deferred(Wait(left, "delay"))
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                self.revision = await self._kv.update(self.key, b"held", last=self.revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                # Expired (NATS unreachable for a TTL) and taken by another worker: it is theirs now.
+                log.warning("host.slot_lost", key=self.key)
+                return
+            except TRANSIENT as exc:
+                log.warning("host.slot_renew_failed", key=self.key, error=repr(exc))
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._renewing.cancel()
+        await asyncio.gather(self._renewing, return_exceptions=True)
+        with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError, *TRANSIENT):
+            await self._kv.delete(self.key, last=self.revision)
+
+    async def __aenter__(self) -> Slot:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+class Unlimited:
+    """The slot of a worker without fleet politeness (``worker.fleet_politeness = false``)."""
+
+    async def start_or_defer(self) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Unlimited:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class FleetGate:
+    def __init__(self, js: JetStreamContext, rules: HostRules, *, holder: str, busy_retry: float,
+                 ttl: float = 15.0) -> None:
+        self._js = js
+        self.rules = rules
+        self.holder = holder.encode()
+        self.busy_retry = busy_retry
+        self.ttl = ttl
+        self.cooling: dict[str, Cooling] = {}
+        """Hosts cooling now, by host (kept current by ``watch_cooling``)."""
+        self._hosts: KeyValue | None = None
+        self._cool: KeyValue | None = None
+        self.deferred = 0
+
+    async def _buckets(self) -> tuple[KeyValue, KeyValue]:
+        if self._hosts is None or self._cool is None:
+            self._hosts = await self._js.key_value(names.HOSTS_BUCKET)
+            self.ttl = (await self._hosts.status()).ttl or self.ttl
+            self._cool = await self._js.key_value(names.COOLING_BUCKET)
+        return self._hosts, self._cool
+
+    # -- entering ------------------------------------------------------------------------------
+
+    async def enter(self, host: str) -> Slot | Wait:
+        """A held slot on ``host``, or how long to wait before asking again. The slot's start is
+        taken later, right before the navigation (``Slot.start``); here it is only looked at, so
+        a task whose start is not due yet is deferred before it takes a browser tab. Raises what
+        NATS raises when it does not answer (the task is retried like any outage)."""
+        hosts, _ = await self._buckets()
+        host = host.lower()
+        if (left := self._cooling_left(host)) > 0:
+            return Wait(left, "cooling")
+        limit = self.rules.limit(host)
+        token = host_token(host)
+        paced = limit.delay > 0 or limit.jitter > 0
+        slot, due = await asyncio.gather(self._take_slot(hosts, token, limit),
+                                         self._due(hosts, token) if paced else _nothing())
+        if slot is None:
+            return Wait(self.busy_retry * random.uniform(0.5, 1.5), "busy")
+        cooling = self._cooling_left(host)
+        left = max(cooling, due[1] - time.time() if due else 0.0)
+        if left > 0:
+            # Cooled while the slot was taken (the worker that cooled it did so before its own
+            # slot went), or the next start is not due yet.
+            await slot.release()
+            return Wait(left, "cooling" if cooling > 0 else "delay")
+        return slot
+
+    async def _due(self, kv: KeyValue, token: str) -> tuple[int, float]:
+        return await _read_due(kv, f"next.{token}")
+
+    def _cooling_left(self, host: str) -> float:
+        cooling = self.cooling.get(host)
+        return cooling.until - time.time() if cooling is not None else 0.0
+
+    async def _take_slot(self, kv: KeyValue, token: str, limit: Limit) -> Slot | None:
+        # From a random slot on, so workers do not all fight over slot 0 first.
+        first = random.randrange(limit.concurrency)
+        for i in range(limit.concurrency):
+            key = f"slot.{token}.{(first + i) % limit.concurrency}"
+            try:
+                revision = await kv.create(key, self.holder)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            return Slot(kv, key, revision, self.ttl, token=token, limit=limit)
+        return None
+
+    # -- cooling -------------------------------------------------------------------------------
+
+    async def cool(self, host: str, seconds: float, *, status: int | None, worker: str) -> None:
+        """Cool ``host`` for the whole fleet for ``seconds`` (never shortening a longer cooling)."""
+        if seconds <= 0:
+            return
+        _, kv = await self._buckets()
+        host = host.lower()
+        cooling = Cooling(host, time.time() + seconds, status, worker)
+        current = self.cooling.get(host)
+        if current is not None and current.until >= cooling.until:
+            return
+        self.cooling[host] = cooling  # this worker at once, the others through their watch
+        with contextlib.suppress(*TRANSIENT):
+            await kv.put(host_token(host), cooling.encode())
+        log.warning("host.cooling", host=host, seconds=round(seconds, 2), status=status)
+
+    async def watch_cooling(self) -> None:
+        """Keep ``cooling`` current from the COOLING bucket, for as long as the worker runs."""
+        _, kv = await self._buckets()
+        while True:
+            try:
+                watcher = await kv.watchall()
+                async for entry in watcher:
+                    if entry is None:  # the end of the initial values
+                        continue
+                    host = host_of(entry.key)
+                    cooling = Cooling.decode(host, entry.value) if entry.operation is None else None
+                    if cooling is None:
+                        self.cooling.pop(host, None)
+                    else:
+                        self.cooling[host] = cooling
+            except TRANSIENT as exc:
+                log.warning("host.cooling_watch_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    def cooling_now(self) -> list[Cooling]:
+        now = time.time()
+        return sorted((c for c in self.cooling.values() if c.until > now), key=lambda c: c.host)
+
+
+@dataclass(frozen=True)
+class Cooling:
+    host: str
+    until: float
+    status: int | None
+    worker: str
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"until": self.until, "status": self.status, "worker": self.worker})
+
+    @classmethod
+    def decode(cls, host: str, value: bytes | None) -> Cooling | None:
+        try:
+            raw = orjson.loads(value or b"")
+            return cls(host, float(raw["until"]), raw.get("status"), str(raw.get("worker", "")))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+async def cooling_hosts(js: JetStreamContext) -> list[Cooling]:
+    """Hosts cooling now, read from COOLING (for ``busscrape status``); empty when it cannot be read."""
+    try:
+        kv = await js.key_value(names.COOLING_BUCKET)
+        keys = await kv.keys()
+    except (nats.js.errors.NotFoundError, nats.js.errors.NoKeysError, *TRANSIENT):
+        return []
+    found = []
+    now = time.time()
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, *TRANSIENT):
+            continue
+        cooling = Cooling.decode(host_of(key), entry.value)
+        if cooling is not None and cooling.until > now:
+            found.append(cooling)
+    return sorted(found, key=lambda c: c.host)

@@ -1,0 +1,174 @@
+"""Sessions: cookies and storage (Playwright ``storage_state``) kept across one session's tasks.
+
+A task that names ``options.session`` renders in a fresh browser context loaded with that
+session's stored state (the SESSIONS bucket, key = session name), isolated from other sessions
+and from session-less tasks (whose reused tabs are wiped and never see a session's cookies).
+How a session logs in comes from the sessions file (``worker.sessions_file``)::
+
+    [[session]]
+    name = "shop-*"                    # the session names it covers (a glob), first match wins
+    login_url = "https://shop.example/login"
+    login_steps = [{action = "fill", selector = "#user", value = "alice"},
+                   {action = "fill", selector = "#password", value = "…"},
+                   {action = "click", selector = "button[type=submit]"}]
+    check_selector = "#logout"         # on a task's page when logged in (optional)
+    check_url = "/login"               # a task's final URL containing this means: logged out (optional)
+    ttl = "1h"                         # after this the session logs in again
+
+``login_steps`` run once when the session is new (or expired), and again when a task's page fails
+the check; then the task's page is loaded again. After each task the context's state is stored
+back, so cookies a page set carry on. Within one worker a session's tasks run one at a time (one
+login, not one per slot); across workers the first to find a session missing logs in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats.js.errors
+import orjson
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+from pydantic import TypeAdapter, ValidationError
+
+from busscrape.bus import names
+from busscrape.bus.retry import TRANSIENT
+from busscrape.errors import ConfigurationError, InvalidTask, StorageUnavailable
+from busscrape.model.steps import Steps
+from busscrape.units import parse_duration
+
+_STEPS = TypeAdapter(Steps)
+
+
+@dataclass(frozen=True)
+class SessionRule:
+    name: str
+    login_url: str
+    login_steps: tuple[Any, ...]
+    check_selector: str | None = None
+    check_url: str | None = None
+    ttl: float = 3600.0
+
+
+def read_rules(path: Path | None) -> tuple[SessionRule, ...]:
+    if path is None:
+        return ()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigurationError(f"{path}: cannot read the sessions file: {exc}") from None
+    rules = []
+    for number, raw in enumerate(data.get("session", []), 1):
+        where = f"{path}: [[session]] #{number}"
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not isinstance(
+                raw.get("login_url"), str):
+            raise ConfigurationError(f"{where}: 'name' and 'login_url' are required strings")
+        unknown = set(raw) - {"name", "login_url", "login_steps", "check_selector", "check_url", "ttl"}
+        if unknown:
+            raise ConfigurationError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        try:
+            steps = _STEPS.validate_python(raw.get("login_steps", []))
+            ttl = parse_duration(raw.get("ttl", "1h"))
+        except (ValidationError, ValueError, TypeError) as exc:
+            raise ConfigurationError(f"{where} ({raw['name']}): {exc}") from None
+        rules.append(SessionRule(raw["name"], raw["login_url"], tuple(steps), raw.get("check_selector"),
+                                 raw.get("check_url"), ttl))
+    return tuple(rules)
+
+
+@dataclass
+class Stored:
+    name: str
+    state: dict[str, Any]
+    logged_in_at: float
+    expires_at: float
+    proxy: str | None = None
+    logins: int = 1
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"state": self.state, "logged_in_at": self.logged_in_at, "expires_at": self.expires_at,
+                             "proxy": self.proxy, "logins": self.logins})
+
+    @classmethod
+    def decode(cls, name: str, value: bytes | None) -> Stored | None:
+        try:
+            raw = orjson.loads(value or b"")
+            return cls(name, raw["state"], float(raw["logged_in_at"]), float(raw["expires_at"]), raw.get("proxy"),
+                       int(raw.get("logins", 1)))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def summary(self) -> dict[str, Any]:
+        """What ``busscrape sessions`` shows: never a cookie's value."""
+        return {"session": self.name, "logged_in_at": self.logged_in_at, "expires_at": self.expires_at,
+                "expired": self.expires_at <= time.time(), "proxy": self.proxy, "logins": self.logins,
+                "cookies": sorted({f"{c.get('name')}@{c.get('domain')}" for c in self.state.get("cookies", [])}),
+                "origins": sorted(o.get("origin", "") for o in self.state.get("origins", []))}
+
+
+class SessionStore:
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+        self._kv: KeyValue | None = None
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await self._js.key_value(names.SESSIONS_BUCKET)
+        return self._kv
+
+    async def get(self, name: str, *, expired: bool = False) -> Stored | None:
+        try:
+            entry = await (await self._bucket()).get(name)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        stored = Stored.decode(name, entry.value)
+        if stored is None or (not expired and stored.expires_at <= time.time()):
+            return None
+        return stored
+
+    async def put(self, stored: Stored) -> None:
+        try:
+            await (await self._bucket()).put(stored.name, stored.encode())
+        except TRANSIENT as exc:
+            raise StorageUnavailable(f"cannot store session {stored.name}: {exc!r}") from None
+
+    async def drop(self, name: str) -> bool:
+        if await self.get(name, expired=True) is None:
+            return False
+        await (await self._bucket()).purge(name)
+        return True
+
+    async def names(self) -> list[str]:
+        try:
+            return sorted(await (await self._bucket()).keys())
+        except nats.js.errors.NoKeysError:
+            return []
+
+
+class Sessions:
+    """The worker's side: rules, the store, and one lock per session."""
+
+    def __init__(self, js: JetStreamContext, rules: tuple[SessionRule, ...]) -> None:
+        self.rules = rules
+        self.store = SessionStore(js)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.logins = 0
+
+    def rule(self, name: str) -> SessionRule:
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(name, rule.name):
+                return rule
+        raise InvalidTask(f"no session rule in the worker's sessions file covers session {name!r}",
+                          reason="unknown_session")
+
+    def lock(self, name: str) -> asyncio.Lock:
+        if len(self._locks) > 10_000:
+            for key in [k for k, lock in self._locks.items() if not lock.locked()]:
+                del self._locks[key]
+        return self._locks.setdefault(name, asyncio.Lock())

@@ -1,0 +1,122 @@
+"""Sessions against a loopback site with a login form and a cookie-protected page (real Chromium)."""
+
+import asyncio
+import subprocess
+import sys
+
+import orjson
+import pytest
+from aiohttp import web
+
+from busscrape.bus import provision, topology
+from busscrape.errors import ConfigurationError
+from busscrape.model.messages import TaskOptions
+from busscrape.worker.daemon import Worker
+from busscrape.worker.sessions import SessionStore, read_rules
+from tests.support.bus import dead_letters, enqueue, results, wait_until
+from tests.support.procs import env_for
+from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
+
+LOGIN = """<title>login</title><form method=post action=/login>
+<input id=user name=user><button id=go type=submit>log in</button></form>"""
+
+
+def login_site(site) -> dict[str, int]:
+    seen = {"logins": 0}
+
+    @site.route("/login")
+    async def login(request: web.Request) -> web.StreamResponse:
+        if request.method == "POST":
+            form = await request.post()
+            seen["logins"] += 1
+            response = web.HTTPSeeOther("/welcome")
+            response.set_cookie("sid", f"ok-{form.get('user')}", httponly=True)
+            raise response
+        return web.Response(text=LOGIN, content_type="text/html")
+
+    @site.route("/welcome")
+    async def welcome(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="<title>welcome</title>", content_type="text/html")
+
+    @site.route("/private")
+    async def private(request: web.Request) -> web.StreamResponse:
+        if request.cookies.get("sid", "").startswith("ok-"):
+            return web.Response(text=f"<title>secret of {request.cookies['sid'][3:]}</title><a id=logout>out</a>",
+                                content_type="text/html")
+        return web.Response(text="<title>login please</title>", content_type="text/html")
+
+    return seen
+
+
+def sessions_file(tmp_path, site, ttl="1h"):
+    path = tmp_path / "sessions.toml"
+    path.write_text(f'''[[session]]
+name = "shop-*"
+login_url = "{site.url('/login')}"
+login_steps = [{{action = "fill", selector = "#user", value = "alice"}}, {{action = "click", selector = "#go"}}]
+check_selector = "#logout"
+ttl = "{ttl}"
+''')
+    return path
+
+
+@pytest.mark.browser
+async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bus, wsettings, site,  # noqa: F811
+                                                                             tmp_path):
+    seen = login_site(site)
+    s = wsettings.with_overrides(worker={"concurrency": 3, "sessions_file": str(sessions_file(tmp_path, site)),
+                                         "host_concurrency": 4})
+    await provision.apply(bus.js, topology.load(s))
+    for i in range(20):
+        await enqueue(bus.js, site.url(f"/private?n={i}"), options=TaskOptions(session="shop-1", artifacts=("html",)))
+    await enqueue(bus.js, site.url("/private?n=none"), options=TaskOptions(artifacts=("html",)))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    got = {r.url: r.title for r in await results(bus.js)}
+    assert await dead_letters(bus.js) == [] and len(got) == 21
+    assert seen["logins"] == 1
+    assert all(title == "secret of alice" for url, title in got.items() if "none" not in url), got
+    assert got[site.url("/private?n=none")] == "login please"
+    stored = await SessionStore(bus.js).get("shop-1")
+    assert stored is not None and stored.logins == 1
+    # The CLI shows the session without any cookie's value, and drops it.
+    env = env_for(s)
+    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "sessions", "show", "shop-1"],
+                                    capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    doc = orjson.loads(shown.stdout)
+    assert doc["cookies"] == [f"sid@{site.hosts[0]}"] and "ok-alice" not in shown.stdout
+    dropped = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "sessions", "drop",
+                                                       "shop-1", "nope"], capture_output=True, text=True, env=env,
+                                      timeout=60)
+    assert dropped.returncode == 1 and "no session nope" in dropped.stderr
+    assert await SessionStore(bus.js).get("shop-1", expired=True) is None
+
+
+@pytest.mark.browser
+async def test_an_expired_session_logs_in_again(bus, wsettings, site, tmp_path):  # noqa: F811
+    seen = login_site(site)
+    s = wsettings.with_overrides(worker={"concurrency": 1, "sessions_file": str(sessions_file(tmp_path, site, "2s"))})
+    await provision.apply(bus.js, topology.load(s))
+    store = SessionStore(bus.js)
+    await enqueue(bus.js, site.url("/private?n=1"), options=TaskOptions(session="shop-2"))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert seen["logins"] == 1 and await store.get("shop-2", expired=True) is not None
+
+    async def expired() -> bool:
+        return await store.get("shop-2") is None
+
+    await wait_until(expired, timeout=30)
+    await enqueue(bus.js, site.url("/private?n=2"), options=TaskOptions(session="shop-2"))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert seen["logins"] == 2 and (await store.get("shop-2", expired=True)).logins == 2
+    assert {r.title for r in await results(bus.js)} == {"secret of alice"}
+
+
+def test_a_bad_sessions_file_names_the_rule(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[[session]]\nname = "x"\nlogin_url = "http://h/"\nlogin_steps = [{action = "fly"}]\n')
+    with pytest.raises(ConfigurationError, match=r"#1 \(x\)"):
+        read_rules(path)
