@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -91,6 +92,17 @@ def failure(status: int, reason: str, message: str, **extra: Any) -> web.Respons
     # `tasks` only where there are some (POST /tasks), not as null in every other error.
     return web.Response(body=orjson.dumps(body.model_dump(mode="json", exclude_none=True)), status=status,
                         content_type="application/json", headers=extra.get("headers"))
+
+
+@contextmanager
+def unavailable_as_503(what: str) -> Iterator[None]:
+    """A read of ``what`` on the bus that could not be answered is the server's 503, not a 500."""
+    try:
+        yield
+    except BusscrapeError as exc:
+        raise ApiError(503, exc.reason, exc.message) from None
+    except TRANSIENT as exc:
+        raise ApiError(503, "bus_unavailable", f"cannot read {what}: {exc!r}") from None
 
 
 class ApiServer:
@@ -260,12 +272,8 @@ class ApiServer:
         crawl_id = request.match_info["crawl_id"]
         if not re.fullmatch(r"[0-9a-f]{16}", crawl_id):
             raise ApiError(400, "invalid_crawl_id", "a crawl id is 16 lower-case hex characters")
-        try:
+        with unavailable_as_503("CRAWLS"):
             summary = await crawl_status(self.bus, crawl_id)
-        except BusscrapeError as exc:
-            raise ApiError(503, exc.reason, exc.message) from None
-        except TRANSIENT as exc:
-            raise ApiError(503, "bus_unavailable", f"cannot read CRAWLS: {exc!r}") from None
         if summary is None:
             raise ApiError(404, "not_found", f"no crawl {crawl_id}")
         return reply(CrawlProgress(**summary.as_dict()))
@@ -302,12 +310,8 @@ class ApiServer:
         return reply(await self._history(task_id, url))
 
     async def _history(self, task_id: str, asked: str) -> TaskHistory:
-        try:
+        with unavailable_as_503("STATUS or SEEN"):
             found = await self.history.read(task_id)
-        except BusscrapeError as exc:
-            raise ApiError(503, exc.reason, exc.message) from None
-        except TRANSIENT as exc:
-            raise ApiError(503, "bus_unavailable", f"cannot read STATUS or SEEN: {exc!r}") from None
         if found is None:
             raise ApiError(404, "not_found", f"no task {task_id} ({asked}) is queued or remembered")
         return found
