@@ -21,7 +21,7 @@ LOGIN = """<title>login</title><form method=post action=/login>
 <input id=user name=user><button id=go type=submit>log in</button></form>"""
 
 
-def login_site(site) -> dict[str, int]:
+def login_site(site, slow: float = 0.0) -> dict[str, int]:
     seen = {"logins": 0}
 
     @site.route("/login")
@@ -29,6 +29,7 @@ def login_site(site) -> dict[str, int]:
         if request.method == "POST":
             form = await request.post()
             seen["logins"] += 1
+            await asyncio.sleep(slow)  # a slow login: the other workers' tasks arrive meanwhile
             response = web.HTTPSeeOther("/welcome")
             response.set_cookie("sid", f"ok-{form.get('user')}", httponly=True)
             raise response
@@ -91,6 +92,32 @@ async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bu
                                       timeout=60)
     assert dropped.returncode == 1 and "no session nope" in dropped.stderr
     assert await SessionStore(bus.js).get("shop-1", expired=True) is None
+
+
+@pytest.mark.browser
+async def test_two_workers_log_a_new_session_in_once(bus, wsettings, site, tmp_path):  # noqa: F811
+    """The first worker to find the session missing takes its login lease; the other worker's
+    tasks of that session are deferred until the session is stored, then use it."""
+    from busscrape.bus.connection import Bus
+
+    seen = login_site(site, slow=1.5)
+    s = wsettings.with_overrides(worker={"concurrency": 2, "sessions_file": str(sessions_file(tmp_path, site)),
+                                         "host_concurrency": 4, "host_busy_retry": "200ms"})
+    await provision.apply(bus.js, topology.load(s))
+    for i in range(12):
+        await enqueue(bus.js, site.url(f"/private?n={i}"), options=TaskOptions(session="shop-3", artifacts=("html",)))
+    other = await Bus.connect(s, name="second-worker")
+    try:
+        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
+                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
+            await asyncio.gather(one.run(), two.run())
+    finally:
+        await other.close()
+    got = [r.title for r in await results(bus.js)]
+    assert await dead_letters(bus.js) == [] and len(got) == 12
+    assert seen["logins"] == 1 and set(got) == {"secret of alice"}
+    assert one.counters["completed"] > 0 and two.counters["completed"] > 0  # both rendered the session's pages
+    assert one.counters["deferred"] + two.counters["deferred"] > 0  # the one that did not log in waited
 
 
 @pytest.mark.browser

@@ -99,7 +99,8 @@ class Worker(PullService):
         # Read here: a bad proxy pool or route stops the worker at start.
         self.proxies = Proxies(settings.proxy)
         self.egresses = Egresses(self.policy, self._stack, on_upstream=self.proxies.report)
-        self.sessions = Sessions(bus.js, read_sessions(w.sessions_file)) if w.sessions_file is not None else None
+        self.sessions = (Sessions(bus.js, read_sessions(w.sessions_file), holder=w.name, login_wait=w.host_busy_retry)
+                         if w.sessions_file is not None else None)
         self.pool: BrowserPool | None = None
         self.renderer: Renderer | None = None
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.

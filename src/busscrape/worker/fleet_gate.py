@@ -34,6 +34,7 @@ from nats.js.kv import KeyValue
 from busscrape.bus import names
 from busscrape.bus.retry import TRANSIENT
 from busscrape.worker.host_rules import HostRules, Limit
+from busscrape.worker.leases import Lease, take
 
 log = structlog.get_logger("busscrape.worker")
 
@@ -85,14 +86,12 @@ class Deferred(Exception):
         self.wait = wait
 
 
-class Slot:
-    """One held host slot, renewed until released (release is idempotent)."""
+class Slot(Lease):
+    """One held host slot (a lease on ``slot.<host>.<i>``) and the host's limit."""
 
     def __init__(self, kv: KeyValue, key: str, revision: int, ttl: float, *, token: str, limit: Limit) -> None:
-        self._kv, self.key, self.revision, self.ttl = kv, key, revision, ttl
+        super().__init__(kv, key, revision, ttl)
         self.token, self.limit = token, limit
-        self._renewing = asyncio.create_task(self._keep(), name=f"lease {key}")
-        self._released = False
 
     async def start(self) -> float:
         """Take the host's next start (moving it on by the delay and a jitter, compare-and-set):
@@ -119,27 +118,6 @@ class Slot:
         """``start``, raising ``Deferred`` when the start is not this worker's to take now."""
         if (left := await self.start()) > 0:
             raise Deferred(Wait(left, "delay"))
-
-    async def _keep(self) -> None:
-        while True:
-            await asyncio.sleep(self.ttl / 3)
-            try:
-                self.revision = await self._kv.update(self.key, b"held", last=self.revision)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                # Expired (NATS unreachable for a TTL) and taken by another worker: it is theirs now.
-                log.warning("host.slot_lost", key=self.key)
-                return
-            except TRANSIENT as exc:
-                log.warning("host.slot_renew_failed", key=self.key, error=repr(exc))
-
-    async def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        self._renewing.cancel()
-        await asyncio.gather(self._renewing, return_exceptions=True)
-        with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError, *TRANSIENT):
-            await self._kv.delete(self.key, last=self.revision)
 
     async def __aenter__(self) -> Slot:
         return self
@@ -224,11 +202,8 @@ class FleetGate:
         first = random.randrange(limit.concurrency)
         for i in range(limit.concurrency):
             key = f"slot.{token}.{(first + i) % limit.concurrency}"
-            try:
-                revision = await kv.create(key, self.holder)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue
-            return Slot(kv, key, revision, self.ttl, token=token, limit=limit)
+            if (revision := await take(kv, key, self.holder)) is not None:
+                return Slot(kv, key, revision, self.ttl, token=token, limit=limit)
         return None
 
     # -- cooling -------------------------------------------------------------------------------

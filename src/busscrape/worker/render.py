@@ -39,7 +39,9 @@ from busscrape.telemetry import tracing
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.capture import Capture, Capturer, Rendered, Visit
+from busscrape.worker.fleet_gate import Deferred, Wait
 from busscrape.worker.har import HarRecorder
+from busscrape.worker.leases import Lease
 from busscrape.worker.page_errors import first_line, navigation_error, page_error, retry_after_seconds
 from busscrape.worker.sessions import SessionRule, Sessions, Stored
 from busscrape.worker.status_policy import StatusPolicy
@@ -113,9 +115,33 @@ class Renderer:
 
     async def _render(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None,
                       rule: SessionRule | None, follow: str | None) -> Rendered:
-        opts = task.options
         # An expired session is read too (its login count goes on), but starts from nothing.
         stored = await self.sessions.store.get(rule_name(task), expired=True) if rule and self.sessions else None
+        lease = None
+        if rule is not None and (stored is None or stored.expires_at <= time.time()):
+            lease, stored = await self._claim_login(rule_name(task), stored)
+        try:
+            return await self._render_in_tab(task, before_navigation, rule, follow, stored)
+        finally:
+            if lease is not None:
+                await lease.release()
+
+    async def _claim_login(self, name: str, stored: Stored | None) -> tuple[Lease | None, Stored | None]:
+        """A new or expired session: the fleet's login lease, or a deferral of the task while
+        another worker holds it. A session that worker stored meanwhile is used as it is."""
+        assert self.sessions is not None
+        lease = await self.sessions.claim_login(name)
+        if lease is None:
+            raise Deferred(Wait(self.sessions.login_wait, "session_login"))
+        again = await self.sessions.store.get(name, expired=True)
+        if again is not None and again.expires_at > time.time():
+            await lease.release()
+            return None, again
+        return lease, again if again is not None else stored
+
+    async def _render_in_tab(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None,
+                             rule: SessionRule | None, follow: str | None, stored: Stored | None) -> Rendered:
+        opts = task.options
         upstream, listener = await self._proxy_for(task, stored.proxy if stored is not None else None)
         fresh = stored is not None and stored.expires_at > time.time()
         state = None if rule is None else stored.state if fresh and stored else {"cookies": [], "origins": []}

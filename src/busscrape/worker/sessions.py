@@ -18,7 +18,9 @@ How a session logs in comes from the sessions file (``worker.sessions_file``)::
 ``login_steps`` run once when the session is new (or expired), and again when a task's page fails
 the check; then the task's page is loaded again. After each task the context's state is stored
 back, so cookies a page set carry on. Within one worker a session's tasks run one at a time (one
-login, not one per slot); across workers the first to find a session missing logs in.
+login, not one per slot); across workers the first to find a session missing takes its login
+lease (HOSTS, ``login.<name>``) and logs in, and the others' tasks of that session are deferred
+until it is stored (then they use it). A failed check logs in again in the worker that saw it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import ConfigurationError, InvalidTask, StorageUnavailable
 from busscrape.model.steps import Steps
 from busscrape.units import parse_duration
+from busscrape.worker.fleet_gate import host_token
+from busscrape.worker.leases import Lease, take
 
 _STEPS = TypeAdapter(Steps)
 
@@ -152,13 +156,34 @@ class SessionStore:
 
 
 class Sessions:
-    """The worker's side: rules, the store, and one lock per session."""
+    """The worker's side: rules, the store, one lock per session in this worker and one login
+    lease per session in the fleet."""
 
-    def __init__(self, js: JetStreamContext, rules: tuple[SessionRule, ...]) -> None:
+    def __init__(self, js: JetStreamContext, rules: tuple[SessionRule, ...], *, holder: str = "worker",
+                 login_wait: float = 0.5) -> None:
         self.rules = rules
         self.store = SessionStore(js)
+        self._js = js
+        self._hosts: KeyValue | None = None
+        self._ttl = 15.0
+        self.holder = holder.encode()
+        self.login_wait = login_wait
+        """How long a task waits (deferred) while another worker logs its session in."""
         self._locks: dict[str, asyncio.Lock] = {}
         self.logins = 0
+
+    async def claim_login(self, name: str) -> Lease | None:
+        """The fleet's one login of session ``name``: a lease on ``login.<name>`` in HOSTS (it
+        expires with its holder), or None while another worker holds it."""
+        try:
+            if self._hosts is None:
+                self._hosts = await self._js.key_value(names.HOSTS_BUCKET)
+                self._ttl = (await self._hosts.status()).ttl or self._ttl
+            key = f"login.{host_token(name)}"
+            revision = await take(self._hosts, key, self.holder)
+        except TRANSIENT as exc:
+            raise StorageUnavailable(f"cannot take the login lease of session {name}: {exc!r}") from None
+        return None if revision is None else Lease(self._hosts, key, revision, self._ttl)
 
     def rule(self, name: str) -> SessionRule:
         for rule in self.rules:
