@@ -79,3 +79,20 @@ async def test_an_outcome_of_an_earlier_dispatch_does_not_stop_a_new_one(applied
     await story.step("rendered", status=200)
     assert not story.settled
     assert await states(board) == ["archived", "running", "rendered"]
+
+
+async def test_an_attempt_deferred_after_it_started_is_running_once(applied):
+    """A delivery deferred by the fleet gate after it recorded ``running`` comes back as the same
+    attempt: its next delivery goes on from that record instead of recording ``running`` again."""
+    board = StatusBoard(applied.js)
+    first = delivery(board, attempt=1)
+    await first.start()  # then deferred: its host's start was taken by another worker
+    resumed = Transitions(board, task_id="t1", url="http://127.0.0.2/", dispatched_at=DISPATCHED,
+                          attempt=1, worker="w1", resumed=True)
+    await resumed.start()
+    await resumed.step("rendered", status=200)
+    assert await states(board) == ["running", "rendered"]
+    retried = Transitions(board, task_id="t1", url="http://127.0.0.2/", dispatched_at=DISPATCHED,
+                          attempt=2, worker="w1", resumed=True)
+    await retried.start()  # another attempt: its own `running`
+    assert await states(board) == ["running", "rendered", "running"]

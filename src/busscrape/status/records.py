@@ -139,21 +139,28 @@ class Transitions:
     worker: str
     _last: int | None = field(default=None, init=False)
     """The revision of this delivery's latest record (None: it records no more steps)."""
+    resumed: bool = False
+    """The delivery follows a deferral (``worker.fleet_gate``): the same attempt may have been
+    recorded ``running`` by the delivery that was deferred."""
     settled: bool = field(default=False, init=False)
     """The key already held this dispatch's outcome when the delivery started."""
 
     async def start(self) -> None:
         after = None
-        if self.attempt > 1:  # only a redelivery can find records of this dispatch
+        if self.attempt > 1 or self.resumed:  # only a redelivery can find records of this dispatch
             try:
                 found = await self.board.latest(self.task_id)
             except (*TRANSIENT, MessageDecodeError):
                 found = None
             if found is not None:
                 status, after = found
-                if status.state in FINAL and status.dispatched_at == self.dispatched_at:
-                    self.settled = True
-                    return
+                if status.dispatched_at == self.dispatched_at:
+                    if status.state in FINAL:
+                        self.settled = True
+                        return
+                    if status.state == "running" and status.attempt == self.attempt:
+                        self._last = after  # this attempt, deferred after it started: one `running`
+                        return
         self._last = await self.board.record(self._status("running"), after=after)
 
     async def step(self, state: State, **fields: Any) -> None:

@@ -193,7 +193,7 @@ class Worker(PullService):
                     "busscrape.task_id": task.task_id, "url.full": task.url,
                     "messaging.message.delivery_count": attempt}) as span:
             story = Transitions(self.board, task_id=task.task_id, url=task.url, dispatched_at=task.dispatched_at,
-                                attempt=attempt, worker=self.settings.worker.name)
+                                attempt=attempt, worker=self.settings.worker.name, resumed=deferrals > 0)
             if attempt > 1 and await self._done_before(msg, task, story):
                 return
             if 0 < self.failures.max_deliver < attempt:
