@@ -7,7 +7,9 @@ whose task is there already is a duplicate; the rest take slots of the crawl's b
 (``state.reserve``, compare-and-set) and are *created* in SEEN exactly as ``busscrape dispatch``
 creates tasks (``Nats-Expected-Last-Subject-Sequence: 0``: first writer wins), which queues them
 in TASKS. Two workers finding one link make one task; a slot reserved for a link another worker
-created in between is given back.
+created in between is given back (``state.settle``). The reservation is held under the page's
+task id until then: a worker killed between reserving and creating leaves it for the page's
+redelivery, which re-uses it (no slot lost, none taken twice).
 
 What the links became is written once per page (``<crawl>.page.<task_id>``), after its result:
 a redelivery of the page finds that record and does nothing twice, or finds only the links kept
@@ -177,19 +179,19 @@ class Frontier:
                 queued.append(task_id)  # created by an earlier attempt of this very page (or seeding)
             else:
                 counts["duplicate"] += 1
-        granted = await self.state.reserve(cid, len(fresh), spec.max_pages)
+        holder = parent or SEEDS
+        granted, holds = await self.state.reserve(cid, holder, len(fresh), spec.max_pages, mine=len(queued))
         for task_id in fresh[granted:]:
             skip(candidates[task_id][0], "budget_cut")
         made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], depth, parent)
                                       for task_id in fresh[:granted]))
-        lost = 0
         for task_id, created in zip(fresh[:granted], made, strict=True):
             if created:
                 queued.append(task_id)
             else:
-                counts["duplicate"] += 1
-                lost += 1
-        await self.state.release(cid, lost)
+                counts["duplicate"] += 1  # another page created it in between: its slot goes back
+        if holds:
+            await self.state.settle(cid, holder, granted - sum(made))
         counts["queued"] = len(queued)
         return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
 
