@@ -21,6 +21,7 @@ queued by this page, once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from typing import Any
 
@@ -44,7 +45,7 @@ from busscrape.settings import Settings
 log = structlog.get_logger("busscrape.crawl")
 
 OUTCOMES = ("discovered", "queued", "duplicate", "invalid", "out_of_scope", "excluded", "not_included", "blocked",
-            "robots_disallowed", "budget_cut", "depth_cut")
+            "robots_disallowed", "budget_cut", "depth_cut", "follow_failed")
 """What a page record counts: every discovered link ends in exactly one of the others."""
 MAX_SKIPPED = 50  # skipped links named in a page record (the counts hold them all)
 IN_FLIGHT = 64  # SEEN requests at once per page
@@ -125,6 +126,37 @@ class Frontier:
         log.info("crawl.page_followed", crawl_id=crawl.crawl_id, depth=crawl.depth,
                  **{k: v for k, v in record["counts"].items() if v})
         return True
+
+    async def give_up(self, task: ScrapeTask, error: BaseException) -> None:
+        """The page's last delivery could not follow its links (robots.txt or NATS kept failing):
+        the page stands, archived; its record says ``not_followed: follow_failed`` and counts its
+        links ``follow_failed``, but for those an earlier go did queue (recognised by their
+        parent), and the slots it still held go back. So the crawl ends, and says why it is short."""
+        crawl = task.crawl
+        assert crawl is not None
+        if await self.state.page(crawl.crawl_id, task.task_id) is not None:
+            return
+        spec = await self.state.spec(crawl.crawl_id)
+        links = PageLinks.from_js(await self.state.links(crawl.crawl_id, task.task_id) or {})
+        ids = set()
+        for raw in links.links:
+            with contextlib.suppress(InputError):
+                ids.add(crawl_task_id(spec.crawl_id, self._normalise(raw), spec.steps, spec.options))
+        ids.discard(task.task_id)
+        held = await asyncio.gather(*(self._held_by(t) for t in ids))
+        queued = [t for t, by in zip(ids, held, strict=True) if by == task.task_id]
+        hold = (await self.state.holds(spec.crawl_id)).get(task.task_id)
+        if hold is not None:
+            granted, before = hold
+            await self.state.settle(spec.crawl_id, task.task_id, granted - max(0, len(queued) - before))
+        reason = getattr(error, "reason", type(error).__name__)
+        await self.state.record_page(crawl.crawl_id, task.task_id, {
+            "url": task.url, "depth": crawl.depth, "parent": crawl.parent, "link_depth": crawl.depth + 1,
+            "counts": {"discovered": links.total, "queued": len(queued), "follow_failed": links.total - len(queued)},
+            "queued": queued, "skipped": [], "not_followed": "follow_failed",
+            "error": f"{reason}: {error}"[:500]})
+        await self.state.drop_links(crawl.crawl_id, task.task_id)
+        log.warning("crawl.follow_failed", crawl_id=crawl.crawl_id, reason=reason, links=links.total)
 
     async def crawl_delay(self, task: ScrapeTask) -> float | None:
         """The ``Crawl-delay`` robots.txt asks of the task's host (obeying crawls only)."""
