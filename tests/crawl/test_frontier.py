@@ -265,3 +265,24 @@ async def test_a_held_slot_whose_link_another_page_created_meanwhile_goes_back(a
     # Seed, /r/1, /r/2, /r/3: the slot held for /r/2 went back.
     assert len(await seen_tasks(applied)) == 4
     assert await frontier.state.used(spec.crawl_id) == 4 and await frontier.state.holds(spec.crawl_id) == {}
+
+
+async def test_depth_is_the_first_finders_a_shorter_path_found_later_changes_nothing(applied, settings, site):
+    """First writer wins, as in Browsertrix (``addToQueue``: an already-seen URL is ``DUPE_URL``)
+    and Crawlee (a request whose ``uniqueKey`` is queued already is not added again): the task is
+    created once with the depth of the page that found it first, and keeps it."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", depth=3)
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    await frontier.seed(spec)
+    deep, shallow = page_task(spec, site.url("/deep"), depth=2), page_task(spec, site.url("/"), depth=0)
+    x = site.url("/x")
+    await frontier.follow(deep, deep.url, PageLinks((x,), 1, HTML))  # found first at depth 3
+    await frontier.follow(shallow, shallow.url, PageLinks((x,), 1, HTML))  # then at depth 1
+    record = await frontier.state.page(spec.crawl_id, shallow.task_id)
+    assert record["counts"]["duplicate"] == 1 and record["queued"] == []
+    [task] = [t for t in await seen_tasks(applied) if t.url == x]
+    assert (task.crawl.depth, task.crawl.parent) == (3, deep.task_id)
+    # So its links are at depth 4: past --depth 3, not followed.
+    await frontier.follow(task, x, PageLinks((site.url("/y"),), 1, HTML))
+    assert (await frontier.state.page(spec.crawl_id, task.task_id))["not_followed"] == "depth"
