@@ -286,3 +286,26 @@ async def test_depth_is_the_first_finders_a_shorter_path_found_later_changes_not
     # So its links are at depth 4: past --depth 3, not followed.
     await frontier.follow(task, x, PageLinks((site.url("/y"),), 1, HTML))
     assert (await frontier.state.page(spec.crawl_id, task.task_id))["not_followed"] == "depth"
+
+
+async def test_crawl_metrics_are_labelled_by_crawl(applied, settings, site):
+    from busscrape.telemetry.metrics import Telemetry
+    from tests.telemetry.test_metrics import metric
+
+    crawl_site.install(site)
+    telemetry = Telemetry("worker")
+    try:
+        frontier = Frontier(applied.js, settings, policy_for(site), telemetry)
+        one, two = (CrawlSpec(seeds=(site.url("/"),), robots="ignore", depth=d) for d in (1, 2))
+        for spec in (one, two):
+            await frontier.seed(spec)
+            page = page_task(spec, site.url("/a/1"))
+            await frontier.follow(page, page.url, PageLinks((site.url("/a/2"), site.url("/")), 2, HTML))
+        text = telemetry.exposition().decode()
+    finally:
+        telemetry.close()
+    for spec, how, queued in ((one, "depth", None), (two, "followed", 1.0)):
+        assert metric(text, "busscrape_crawl_pages_total", crawl_id=spec.crawl_id, how=how) == 1.0
+        assert metric(text, "busscrape_crawl_links_total", crawl_id=spec.crawl_id, outcome="queued") == queued
+    assert metric(text, "busscrape_crawl_links_total", crawl_id=one.crawl_id, outcome="depth_cut") == 2.0
+    assert metric(text, "busscrape_crawl_links_total", crawl_id=two.crawl_id, outcome="duplicate") == 1.0

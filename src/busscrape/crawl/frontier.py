@@ -41,6 +41,7 @@ from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked, Retr
 from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
+from busscrape.telemetry.metrics import Telemetry
 
 log = structlog.get_logger("busscrape.crawl")
 
@@ -53,8 +54,10 @@ MAX_ORIGINS = 10_000  # policy verdicts remembered per process
 
 
 class Frontier:
-    def __init__(self, js: JetStreamContext, settings: Settings, policy: NetworkPolicy) -> None:
+    def __init__(self, js: JetStreamContext, settings: Settings, policy: NetworkPolicy,
+                 telemetry: Telemetry | None = None) -> None:
         self.js = js
+        self.telemetry = telemetry
         self.state = CrawlState(js)
         self.policy = policy
         self.robots = Robots(self.state, policy)
@@ -123,6 +126,7 @@ class Frontier:
                 record["links_cut"] = links.total - len(links.links)
         await self.state.record_page(crawl.crawl_id, task.task_id, record)
         await self.state.drop_links(crawl.crawl_id, task.task_id)
+        self._measure(crawl.crawl_id, record)
         log.info("crawl.page_followed", crawl_id=crawl.crawl_id, depth=crawl.depth,
                  **{k: v for k, v in record["counts"].items() if v})
         return True
@@ -150,13 +154,24 @@ class Frontier:
             granted, before = hold
             await self.state.settle(spec.crawl_id, task.task_id, granted - max(0, len(queued) - before))
         reason = getattr(error, "reason", type(error).__name__)
-        await self.state.record_page(crawl.crawl_id, task.task_id, {
-            "url": task.url, "depth": crawl.depth, "parent": crawl.parent, "link_depth": crawl.depth + 1,
-            "counts": {"discovered": links.total, "queued": len(queued), "follow_failed": links.total - len(queued)},
-            "queued": queued, "skipped": [], "not_followed": "follow_failed",
-            "error": f"{reason}: {error}"[:500]})
+        record = {"url": task.url, "depth": crawl.depth, "parent": crawl.parent, "link_depth": crawl.depth + 1,
+                  "counts": {"discovered": links.total, "queued": len(queued),
+                             "follow_failed": links.total - len(queued)},
+                  "queued": queued, "skipped": [], "not_followed": "follow_failed", "error": f"{reason}: {error}"[:500]}
+        await self.state.record_page(crawl.crawl_id, task.task_id, record)
         await self.state.drop_links(crawl.crawl_id, task.task_id)
+        self._measure(crawl.crawl_id, record)
         log.warning("crawl.follow_failed", crawl_id=crawl.crawl_id, reason=reason, links=links.total)
+
+    def _measure(self, crawl_id: str, record: dict[str, Any]) -> None:
+        """The page record in this process's crawl metrics (labelled by crawl: a fleet's
+        dashboard shows each crawl's progress without reading CRAWLS)."""
+        if self.telemetry is None:
+            return
+        self.telemetry.crawl_pages.add(1, {"crawl_id": crawl_id, "how": record.get("not_followed") or "followed"})
+        for outcome, n in (record.get("counts") or {}).items():
+            if n:
+                self.telemetry.crawl_links.add(n, {"crawl_id": crawl_id, "outcome": outcome})
 
     async def crawl_delay(self, task: ScrapeTask) -> float | None:
         """The ``Crawl-delay`` robots.txt asks of the task's host (obeying crawls only)."""

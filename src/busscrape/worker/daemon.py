@@ -91,7 +91,7 @@ class Worker(PullService):
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
         self.extractors = Registry.load(settings.extract.dir)
         self.extraction: ExtractionPool | None = None
-        self.frontier = Frontier(bus.js, settings, self.policy)
+        self.frontier = Frontier(bus.js, settings, self.policy, telemetry)
         self._stack = AsyncExitStack()
 
     # -- lifecycle --------------------------------------------------------------------------
