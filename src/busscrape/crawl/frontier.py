@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from typing import Any
 
@@ -102,6 +103,7 @@ class Frontier:
         of a page whose result stands). False when there is nothing to follow from."""
         crawl = task.crawl
         assert crawl is not None
+        started = time.perf_counter()
         if await self.state.page(crawl.crawl_id, task.task_id) is not None:
             return True  # an earlier delivery did it
         if links is None:
@@ -124,6 +126,7 @@ class Frontier:
             record.update(await self._enqueue(spec, task.task_id, crawl.depth + 1, list(links.links), scoped=True))
             if links.total > len(links.links):
                 record["links_cut"] = links.total - len(links.links)
+        record["follow_ms"] = round((time.perf_counter() - started) * 1000, 2)  # bench/crawl.py reads it
         await self.state.record_page(crawl.crawl_id, task.task_id, record)
         await self.state.drop_links(crawl.crawl_id, task.task_id)
         self._measure(crawl.crawl_id, record)

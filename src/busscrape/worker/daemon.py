@@ -270,10 +270,12 @@ class Worker(PullService):
         return records.extraction(extractor, outcome, max_bytes=self.settings.extract.max_record_bytes)
 
     async def _keep_links(self, task: ScrapeTask, rendered: Rendered) -> None:
+        started = time.perf_counter()
         try:
             await self.frontier.keep(task, rendered.final_url, rendered.links)
         except TRANSIENT as exc:
             raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}") from None
+        rendered.timings["links_kept"] = round((time.perf_counter() - started) * 1000, 2)
 
     async def _follow_or_later(self, msg: Msg, task: ScrapeTask, attempt: int,
                                rendered: Rendered | None = None) -> bool:
