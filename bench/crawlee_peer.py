@@ -8,7 +8,9 @@ Run by bench/e2e.py with the interpreter of a separate venv that has ``crawlee[p
 It saves each page's HTML and screenshot to Crawlee's key-value store, as a Crawlee user would,
 takes the screenshot with Playwright's page.screenshot as a Crawlee user would (full page, up to
 the same height cap as busscrape),
-and prints one JSON line: {"pages": N, "seconds": S}.
+and prints one JSON line: {"pages": N, "seconds": S}. With ``--crawl-depth N`` the URLs are seeds
+of a crawl (``enqueue_links(strategy="same-hostname")`` on every page, ``max_crawl_depth=N``),
+for bench/crawl.py.
 
 With ``--defaults`` it is Crawlee as it comes: no context options (its fingerprint generator
 picks the viewport), and ``page.screenshot()``, the viewport only.
@@ -34,6 +36,9 @@ async def main() -> None:
     parser.add_argument("--cap", type=int, default=4096, help="screenshot height cap, as busscrape's")
     parser.add_argument("--args", default="", help="Chromium switches, space-separated")
     parser.add_argument("--defaults", action="store_true", help="Crawlee's defaults: a viewport screenshot")
+    parser.add_argument("--crawl-depth", type=int, default=None,
+                        help="Crawl from the URLs: enqueue_links(strategy='same-hostname') up to this depth "
+                             "(bench/crawl.py); prints the p50 of enqueue_links per page too")
     args = parser.parse_args()
     os.environ.setdefault("CRAWLEE_STORAGE_DIR", tempfile.mkdtemp(prefix="crawlee-bench-"))
 
@@ -54,9 +59,11 @@ async def main() -> None:
                                                  max_concurrency=args.concurrency,
                                                  desired_concurrency=args.concurrency),
         max_request_retries=1,
+        **({"max_crawl_depth": args.crawl_depth} if args.crawl_depth is not None else {}),
     )
     store = await KeyValueStore.open()
     done = []
+    enqueue_ms: list[float] = []
 
     @crawler.router.default_handler
     async def handler(context: PlaywrightCrawlingContext) -> None:
@@ -74,12 +81,19 @@ async def main() -> None:
         await store.set_value(f"{key}-html", html, content_type="text/html")
         await store.set_value(f"{key}-png", shot, content_type="image/png")
         done.append(context.request.url)
+        if args.crawl_depth is not None:
+            started = time.perf_counter()
+            await context.enqueue_links(strategy="same-hostname")
+            enqueue_ms.append((time.perf_counter() - started) * 1000)
 
     started = time.perf_counter()
     await crawler.run(urls)
     seconds = time.perf_counter() - started
-    print(json.dumps({"pages": len(done), "seconds": seconds}), flush=True)
-    if len(done) != len(urls):
+    out = {"pages": len(done), "seconds": seconds}
+    if enqueue_ms:
+        out["enqueue_ms_p50"] = sorted(enqueue_ms)[len(enqueue_ms) // 2]
+    print(json.dumps(out), flush=True)
+    if args.crawl_depth is None and len(done) != len(urls):
         print(f"crawlee rendered {len(done)} of {len(urls)} pages", file=sys.stderr)
 
 

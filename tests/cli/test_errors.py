@@ -75,3 +75,18 @@ def test_task_with_a_bad_url_and_a_bad_spec_blames_the_url():
     result = busscrape("task", "ftp://example.com/", "--spec", '{"artifacts": ["htm"]}')
     assert result.returncode == 2
     assert "unsupported_scheme" in result.stderr and "artifacts" not in result.stderr
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    (["--format", "jsonl"], "--format is not for `busscrape crawl`: a crawl's input is its SEED arguments, "
+                            "not a file of URL lines"),
+    (["--rejects", "r.jsonl"], "--rejects is not for `busscrape crawl`: a crawl rejects no input line: its "
+                               "skipped links are counted by reason in its summary"),
+    (["--strict"], "--strict is not for `busscrape crawl`: a crawl rejects no input line (a bad seed already "
+                   "stops it with exit 2)"),
+    (["--force"], "--force is not for `busscrape crawl`: a crawl queues each page once per crawl id; change a "
+                  "rule or an option to crawl again"),
+])
+def test_crawl_refuses_the_flags_about_a_list_of_url_lines(tmp_path, flags, line):
+    assert_told(busscrape("crawl", "http://127.0.0.2/", *flags, cwd=tmp_path), line)
+    assert not (tmp_path / "r.jsonl").exists()  # refused before anything ran

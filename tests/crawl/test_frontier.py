@@ -5,6 +5,7 @@ Two ``Frontier`` objects stand for two workers (each has its own connection and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime
 
 from busscrape.bus import names
@@ -212,3 +213,109 @@ async def test_domain_scope_follows_the_registrable_domain_through_the_policys_r
     await frontier.follow(page_any, page.url, PageLinks(("http://10.1.2.3/private",), 1, HTML))
     record = await frontier.state.page(spec_any.crawl_id, page_any.task_id)
     assert record["counts"]["blocked"] == 1  # a private address the allow-list does not open
+
+
+class _Killed(Exception):
+    """Stands for the worker's death: nothing after it runs."""
+
+
+class DyingFrontier(Frontier):
+    """A worker that dies after ``creates`` of its page's tasks are in SEEN (its slots reserved)."""
+
+    def __init__(self, *args, creates: int = 0) -> None:
+        super().__init__(*args)
+        self.creates = creates
+        self._made: list[asyncio.Future[bool]] = []
+
+    async def _create(self, *args) -> bool:
+        if self.creates <= 0:
+            await asyncio.gather(*self._made)  # the creates it lived to send are in SEEN
+            raise _Killed
+        self.creates -= 1
+        self._made.append(made := asyncio.ensure_future(super()._create(*args)))
+        return await made
+
+
+async def test_slots_reserved_by_a_worker_killed_before_creating_are_reused_by_the_redelivery(applied, settings,
+                                                                                                site):
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=6)
+    await Frontier(applied.js, settings, policy_for(site)).seed(spec)
+    links = PageLinks(tuple(site.url(f"/r/{i}") for i in range(8)), 8, HTML)
+    page = page_task(spec, site.url("/a/1"))
+    for creates in (0, 2):  # killed before its first create, then (the redelivery) after two of them
+        with contextlib.suppress(_Killed):
+            await DyingFrontier(applied.js, settings, policy_for(site), creates=creates).follow(page, page.url, links)
+    state = CrawlState(applied.js)
+    assert len(await seen_tasks(applied)) == 3 and await state.used(spec.crawl_id) == 6  # seed + 2; 5 slots held
+    # The last redelivery: the page's own reservation, not a new one (the budget is spent already).
+    await Frontier(applied.js, settings, policy_for(site)).follow(page, page.url, links)
+    record = await state.page(spec.crawl_id, page.task_id)
+    assert len(record["queued"]) == 5 and record["counts"]["budget_cut"] == 3
+    assert len(await seen_tasks(applied)) == 6  # exactly the budget: the seed and five links
+    assert await state.used(spec.crawl_id) == 6 and await state.holds(spec.crawl_id) == {}
+
+
+async def test_a_held_slot_whose_link_another_page_created_meanwhile_goes_back(applied, settings, site):
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=5)
+    await Frontier(applied.js, settings, policy_for(site)).seed(spec)
+    links = PageLinks((site.url("/r/1"), site.url("/r/2"), site.url("/r/3")), 3, HTML)
+    page, other = page_task(spec, site.url("/a/1")), page_task(spec, site.url("/a/2"))
+    with contextlib.suppress(_Killed):
+        await DyingFrontier(applied.js, settings, policy_for(site), creates=1).follow(page, page.url, links)
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    # Meanwhile another page queues /r/2 (with the budget's last free slot), which the dead
+    # worker's page held a slot for too.
+    await frontier.follow(other, other.url, PageLinks((site.url("/r/2"),), 1, HTML))
+    assert len((await frontier.state.page(spec.crawl_id, other.task_id))["queued"]) == 1
+    await frontier.follow(page, page.url, links)  # the redelivery
+    record = await frontier.state.page(spec.crawl_id, page.task_id)
+    assert len(record["queued"]) == 2 and record["counts"]["duplicate"] == 1
+    # Seed, /r/1, /r/2, /r/3: the slot held for /r/2 went back.
+    assert len(await seen_tasks(applied)) == 4
+    assert await frontier.state.used(spec.crawl_id) == 4 and await frontier.state.holds(spec.crawl_id) == {}
+
+
+async def test_depth_is_the_first_finders_a_shorter_path_found_later_changes_nothing(applied, settings, site):
+    """First writer wins, as in Browsertrix (``addToQueue``: an already-seen URL is ``DUPE_URL``)
+    and Crawlee (a request whose ``uniqueKey`` is queued already is not added again): the task is
+    created once with the depth of the page that found it first, and keeps it."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", depth=3)
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    await frontier.seed(spec)
+    deep, shallow = page_task(spec, site.url("/deep"), depth=2), page_task(spec, site.url("/"), depth=0)
+    x = site.url("/x")
+    await frontier.follow(deep, deep.url, PageLinks((x,), 1, HTML))  # found first at depth 3
+    await frontier.follow(shallow, shallow.url, PageLinks((x,), 1, HTML))  # then at depth 1
+    record = await frontier.state.page(spec.crawl_id, shallow.task_id)
+    assert record["counts"]["duplicate"] == 1 and record["queued"] == []
+    [task] = [t for t in await seen_tasks(applied) if t.url == x]
+    assert (task.crawl.depth, task.crawl.parent) == (3, deep.task_id)
+    # So its links are at depth 4: past --depth 3, not followed.
+    await frontier.follow(task, x, PageLinks((site.url("/y"),), 1, HTML))
+    assert (await frontier.state.page(spec.crawl_id, task.task_id))["not_followed"] == "depth"
+
+
+async def test_crawl_metrics_are_labelled_by_crawl(applied, settings, site):
+    from busscrape.telemetry.metrics import Telemetry
+    from tests.telemetry.test_metrics import metric
+
+    crawl_site.install(site)
+    telemetry = Telemetry("worker")
+    try:
+        frontier = Frontier(applied.js, settings, policy_for(site), telemetry)
+        one, two = (CrawlSpec(seeds=(site.url("/"),), robots="ignore", depth=d) for d in (1, 2))
+        for spec in (one, two):
+            await frontier.seed(spec)
+            page = page_task(spec, site.url("/a/1"))
+            await frontier.follow(page, page.url, PageLinks((site.url("/a/2"), site.url("/")), 2, HTML))
+        text = telemetry.exposition().decode()
+    finally:
+        telemetry.close()
+    for spec, how, queued in ((one, "depth", None), (two, "followed", 1.0)):
+        assert metric(text, "busscrape_crawl_pages_total", crawl_id=spec.crawl_id, how=how) == 1.0
+        assert metric(text, "busscrape_crawl_links_total", crawl_id=spec.crawl_id, outcome="queued") == queued
+    assert metric(text, "busscrape_crawl_links_total", crawl_id=one.crawl_id, outcome="depth_cut") == 2.0
+    assert metric(text, "busscrape_crawl_links_total", crawl_id=two.crawl_id, outcome="duplicate") == 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections import Counter
 
 import pytest
@@ -49,13 +50,13 @@ async def test_crawl_follows_links_in_host_scope_to_depth_and_obeys_robots(tmp_p
     # spellings; /out redirected off the host, recorded); 2: the chain's and the calendar's next.
     assert paths == Counter({"": 1, "a/1": 1, "b": 1, "js": 1, "out": 1, "calendar?d=1": 1, "a/2": 1,
                              "calendar?d=2": 1})
-    assert summary["dead_by_reason"] == {"download": 1}, output[-3000:]
     hits = crawl_site.hit_paths(site)
     assert not any(p.startswith("/private") for p in hits)  # disallowed: never requested
     assert crawl_site.hit_paths(site, 1) == {"/landing"}  # off-host: only the redirect's target
     assert site.hits[(site.hosts[0], "/robots.txt")] == 1
     assert "/a/3" not in hits  # found at depth 2: not followed
     c = summary["crawl"]
+    assert c["dead"] == 1  # the download
     assert c["links"]["robots_disallowed"] == 1 and c["links"]["out_of_scope"] == 1
     assert c["links"]["queued"] == 9 and c["links"]["depth_cut"] >= 2
     assert c["not_followed"]["redirected_out_of_scope"] == 1
@@ -142,3 +143,79 @@ async def test_a_worker_killed_mid_crawl_loses_nothing_and_nothing_is_archived_t
 
 async def _archived_at_least(tracker: Tracker, n: int) -> bool:
     return tracker.counts().get("archived", 0) >= n
+
+
+GRAPH = ("--depth", str(crawl_site.GRAPH_DEPTH), "--strip-tracking", "--sitemaps", "--artifacts", "html",
+         "--workers", "2", "--concurrency", "3", "--json")
+
+
+async def test_a_500_page_graph_over_two_hosts_interrupted_and_resumed_archives_exactly_its_pages_once(tmp_path):
+    from tests.e2e.test_run import EmbeddedNatsServer
+    from tests.support.site import Site
+
+    with Site(hosts=("127.0.0.2", "127.0.0.3", "127.0.0.4")) as site:
+        expected = crawl_site.install_graph(site)
+        assert len(expected) >= 500
+        env = run_env(tmp_path, site)
+        command = ["crawl", site.url("/"), site.url("/", host=1), *GRAPH]
+        archive = tmp_path / "state" / "archive"
+        first = cli(command, tmp_path, env)
+        await wait_until(lambda: _at_least(archive, len(expected) // 3), timeout=240)
+        first.send_signal(signal.SIGINT)  # halfway: pages in flight on both workers
+        output, _ = await asyncio.to_thread(first.communicate, timeout=120)
+        assert first.returncode == 130, output[-3000:]
+        assert len(metas(archive)) < len(expected)
+        second = cli(command, tmp_path, env)  # the same command again resumes the crawl
+        output, _ = await asyncio.to_thread(second.communicate, timeout=300)
+        assert second.returncode == 0, output[-3000:]
+        summary = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+        hits = dict(site.hits)
+        # The budget, on the same graph: another crawl (other options, another id), cut at 40.
+        budget = cli(["crawl", site.url("/"), site.url("/", host=1), *GRAPH, "--max-pages", "40",
+                      "--label", "budget=1"], tmp_path, env)
+        budget_output, _ = await asyncio.to_thread(budget.communicate, timeout=300)
+        assert budget.returncode == 0, budget_output[-3000:]
+    hosts = {addr: n for n, addr in enumerate(site.hosts)}
+    found = list(metas(archive).values())
+    crawl_id = summary["crawl"]["crawl_id"]
+    graph = [m for m in found if m["crawl"]["crawl_id"] == crawl_id]
+
+    def key(url: str) -> tuple[int, str]:
+        rest = url.split("://", 1)[1]
+        authority, _, path = rest.partition("/")
+        return hosts[authority.split(":")[0]], "/" + path
+
+    # Exactly the in-scope reachable pages, at their depth (seeds and sitemap pages are 0).
+    assert {key(m["url"]): m["crawl"]["depth"] for m in graph} == expected
+    assert len(graph) == len(expected)
+    # Each once, though the first run was interrupted with pages in flight: one result and one
+    # `archived` per task in the run's store.
+    with EmbeddedNatsServer(tmp_path / "state" / "nats") as server:
+        async with await Bus.connect(make_settings(tmp_path, server.url), name="inspect") as bus:
+            results = Counter(decode(ScrapeResult, m.data).task_id
+                              for m in await stream_messages(bus.js, names.RESULTS_STREAM))
+            board = StatusBoard(bus.js)
+            twice = [t for t in results if sum(s.state == "archived" for s in await board.history(t)) > 1]
+    assert twice == [] and max(results.values()) == 1
+    # Nothing out of scope, disallowed or past the depth was requested (the site logs every request).
+    asked = {(hosts[h], path) for (h, path), n in hits.items() if n}
+    assert not any(path.startswith(("/private", "/deeper")) for _, path in asked)
+    assert {path for h, path in asked if h == 2} == {"/landing"}  # off-host: only the redirect's target
+    pages_asked = {(h, path.split("?")[0]) for h, path in expected} | {(0, "/file.bin"), (2, "/landing")}
+    assert {(h, p) for h, p in asked - pages_asked if p != "/robots.txt" and "sitemap" not in p} == set()
+    assert hits[(site.hosts[0], "/cal")] <= 3 + 2 * 3  # d=1..3, a render in flight at the SIGINT redone at most
+    c = summary["crawl"]
+    assert c["dead"] == 1  # the download
+    assert c["links"]["robots_disallowed"] > 0 and c["links"]["out_of_scope"] > 0 and c["links"]["depth_cut"] > 0
+    assert c["links"]["duplicate"] > 3 * len(expected) // 2  # the spellings, loops and cross-host links
+    # The budget: exactly 40 pages of that crawl queued, however the two workers raced; each
+    # archived but the download if it was among them (dead-lettered: a page of the budget too).
+    b = json.loads([line for line in budget_output.splitlines() if line.startswith("{")][-1])["crawl"]
+    cut = [m for m in metas(archive).values() if m["crawl"]["crawl_id"] == b["crawl_id"]]
+    assert b["budget_used"] == 40 and b["links"]["queued"] == 40 and len(cut) + b["dead"] == 40
+    assert len(cut) == b["archived"] and b["links"]["budget_cut"] > 0
+    assert {key(m["url"]) for m in cut} <= set(expected)
+
+
+async def _at_least(archive, n: int) -> bool:
+    return len(metas(archive)) >= n

@@ -207,3 +207,31 @@ async def test_status_lists_the_hosts_cooling_for_the_fleet(applied, settings):
     assert 60 < row["seconds_left"] <= 120
     table = await busscrape(settings.nats.url, "status")
     assert "hosts cooling" in table.stdout and "hot.example" in table.stdout and "over.example" not in table.stdout
+
+
+async def test_status_lists_the_crawls_newest_first_with_their_counts(applied, settings):
+    from busscrape.crawl.frontier import Frontier
+    from busscrape.crawl.links import PageLinks
+    from busscrape.crawl.spec import CrawlSpec
+    from busscrape.net.policy import NetworkPolicy
+    from tests.crawl.test_frontier import page_task
+
+    frontier = Frontier(applied.js, settings, NetworkPolicy.from_settings(["127.0.0.2/32"]))
+    older = CrawlSpec(seeds=("http://127.0.0.2:9/",), robots="ignore", max_pages=3)
+    newer = CrawlSpec(seeds=("http://127.0.0.2:9/a", "http://127.0.0.2:9/b"), robots="ignore", depth=1)
+    for spec in (older, newer):
+        await frontier.seed(spec)
+    page = page_task(older, "http://127.0.0.2:9/")
+    await frontier.follow(page, page.url, PageLinks(tuple(f"http://127.0.0.2:9/{i}" for i in range(5)), 5,
+                                                    "text/html"))
+    proc = await busscrape(settings.nats.url, "status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    crawls = orjson.loads(proc.stdout)["crawls"]
+    assert [c["crawl_id"] for c in crawls] == [newer.crawl_id, older.crawl_id]
+    first, second = crawls
+    assert (first["seed_count"], first["queued"], first["followed"], first["unfollowed"]) == (2, 2, 0, 2)
+    assert (second["queued"], second["max_pages"], second["followed"], second["unfollowed"]) == (3, 3, 1, 2)
+    assert second["holds"] == 0 and second["scope"] == "host"
+    table = await busscrape(settings.nats.url, "status")
+    assert table.returncode == 0, table.stderr
+    assert older.crawl_id in table.stdout and "3 / 3" in table.stdout

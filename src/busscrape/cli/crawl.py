@@ -77,6 +77,7 @@ def crawl_cmd(
         _print(summary, task.as_json)
         raise typer.Exit(0)
     task.check()
+    _refuse_list_flags(task)
     if task.artifacts is None:  # a crawl is a web archive: its pages carry their WARC unless told otherwise
         from busscrape.model.messages import CRAWL_ARTIFACTS
 
@@ -129,6 +130,23 @@ def crawl_cmd(
 
             report(packed)
     raise typer.Exit(exit_code(summary, False))
+
+
+LIST_FLAGS = {
+    "--format": "a crawl's input is its SEED arguments, not a file of URL lines",
+    "--rejects": "a crawl rejects no input line: its skipped links are counted by reason in its summary",
+    "--strict": "a crawl rejects no input line (a bad seed already stops it with exit 2)",
+    "--force": "a crawl queues each page once per crawl id; change a rule or an option to crawl again",
+}
+"""The shared task flags that are about a list of URL lines: refused by ``crawl``, never ignored."""
+
+
+def _refuse_list_flags(task: options.TaskFlags) -> None:
+    given = {"--format": task.fmt != "auto", "--rejects": task.rejects is not None, "--strict": task.strict,
+             "--force": task.force}
+    for flag, why in LIST_FLAGS.items():
+        if given[flag]:
+            options.usage(f"{flag} is not for `busscrape crawl`: {why}")
 
 
 def build_spec(s: Settings, seeds: list[str], defaults: Any, **rules: Any) -> CrawlSpec:

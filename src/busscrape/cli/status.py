@@ -172,8 +172,26 @@ def render(doc: dict[str, Any]) -> Group:
                             safe(row["worker"]))
         parts.append(cooling)
     parts += [streams, consumers, buckets, letters]
+    if doc.get("crawls"):
+        parts.append(_crawls(doc["crawls"]))
     parts.append(Text(f"{doc['at']}" + (f" · rates over {rates['seconds']:.1f}s" if rates else ""), style="dim"))
     return Group(*parts)
+
+
+def _crawls(crawls: list[dict[str, Any]]) -> Any:
+    """The recent crawls: what each queued (its budget), how many pages' links were read, and how
+    many queued pages are still to read (waiting, rendering, or dead)."""
+    from rich.table import Table
+
+    table = Table("crawl", "started", "seeds", "scope", "depth", "queued", "followed", "unfollowed", "holds",
+                  title="crawls (newest first; `busscrape crawl status ID` for one)", title_justify="left")
+    for c in crawls:
+        seeds = ", ".join(safe(u) for u in c["seeds"]) + (f" +{c['seed_count'] - len(c['seeds'])}"
+                                                          if c["seed_count"] > len(c["seeds"]) else "")
+        budget = f"{c['queued']:,}" + (f" / {c['max_pages']:,}" if c["max_pages"] is not None else "")
+        table.add_row(c["crawl_id"], (c["started"] or "")[:19], seeds, c["scope"], str(c["depth"]), budget,
+                      f"{c['followed']:,}", f"{c['unfollowed']:,}", str(c["holds"]))
+    return table
 
 
 def _rate(value: float | None) -> str:

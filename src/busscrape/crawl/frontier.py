@@ -7,7 +7,9 @@ whose task is there already is a duplicate; the rest take slots of the crawl's b
 (``state.reserve``, compare-and-set) and are *created* in SEEN exactly as ``busscrape dispatch``
 creates tasks (``Nats-Expected-Last-Subject-Sequence: 0``: first writer wins), which queues them
 in TASKS. Two workers finding one link make one task; a slot reserved for a link another worker
-created in between is given back.
+created in between is given back (``state.settle``). The reservation is held under the page's
+task id until then: a worker killed between reserving and creating leaves it for the page's
+redelivery, which re-uses it (no slot lost, none taken twice).
 
 What the links became is written once per page (``<crawl>.page.<task_id>``), after its result:
 a redelivery of the page finds that record and does nothing twice, or finds only the links kept
@@ -19,6 +21,8 @@ queued by this page, once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import Counter
 from typing import Any
 
@@ -38,11 +42,12 @@ from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked, Retr
 from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
+from busscrape.telemetry.metrics import Telemetry
 
 log = structlog.get_logger("busscrape.crawl")
 
 OUTCOMES = ("discovered", "queued", "duplicate", "invalid", "out_of_scope", "excluded", "not_included", "blocked",
-            "robots_disallowed", "budget_cut", "depth_cut")
+            "robots_disallowed", "budget_cut", "depth_cut", "follow_failed")
 """What a page record counts: every discovered link ends in exactly one of the others."""
 MAX_SKIPPED = 50  # skipped links named in a page record (the counts hold them all)
 IN_FLIGHT = 64  # SEEN requests at once per page
@@ -50,8 +55,10 @@ MAX_ORIGINS = 10_000  # policy verdicts remembered per process
 
 
 class Frontier:
-    def __init__(self, js: JetStreamContext, settings: Settings, policy: NetworkPolicy) -> None:
+    def __init__(self, js: JetStreamContext, settings: Settings, policy: NetworkPolicy,
+                 telemetry: Telemetry | None = None) -> None:
         self.js = js
+        self.telemetry = telemetry
         self.state = CrawlState(js)
         self.policy = policy
         self.robots = Robots(self.state, policy)
@@ -96,6 +103,7 @@ class Frontier:
         of a page whose result stands). False when there is nothing to follow from."""
         crawl = task.crawl
         assert crawl is not None
+        started = time.perf_counter()
         if await self.state.page(crawl.crawl_id, task.task_id) is not None:
             return True  # an earlier delivery did it
         if links is None:
@@ -118,11 +126,55 @@ class Frontier:
             record.update(await self._enqueue(spec, task.task_id, crawl.depth + 1, list(links.links), scoped=True))
             if links.total > len(links.links):
                 record["links_cut"] = links.total - len(links.links)
+        record["follow_ms"] = round((time.perf_counter() - started) * 1000, 2)  # bench/crawl.py reads it
         await self.state.record_page(crawl.crawl_id, task.task_id, record)
         await self.state.drop_links(crawl.crawl_id, task.task_id)
+        self._measure(crawl.crawl_id, record)
         log.info("crawl.page_followed", crawl_id=crawl.crawl_id, depth=crawl.depth,
                  **{k: v for k, v in record["counts"].items() if v})
         return True
+
+    async def give_up(self, task: ScrapeTask, error: BaseException) -> None:
+        """The page's last delivery could not follow its links (robots.txt or NATS kept failing):
+        the page stands, archived; its record says ``not_followed: follow_failed`` and counts its
+        links ``follow_failed``, but for those an earlier go did queue (recognised by their
+        parent), and the slots it still held go back. So the crawl ends, and says why it is short."""
+        crawl = task.crawl
+        assert crawl is not None
+        if await self.state.page(crawl.crawl_id, task.task_id) is not None:
+            return
+        spec = await self.state.spec(crawl.crawl_id)
+        links = PageLinks.from_js(await self.state.links(crawl.crawl_id, task.task_id) or {})
+        ids = set()
+        for raw in links.links:
+            with contextlib.suppress(InputError):
+                ids.add(crawl_task_id(spec.crawl_id, self._normalise(raw), spec.steps, spec.options))
+        ids.discard(task.task_id)
+        held = await asyncio.gather(*(self._held_by(t) for t in ids))
+        queued = [t for t, by in zip(ids, held, strict=True) if by == task.task_id]
+        hold = (await self.state.holds(spec.crawl_id)).get(task.task_id)
+        if hold is not None:
+            granted, before = hold
+            await self.state.settle(spec.crawl_id, task.task_id, granted - max(0, len(queued) - before))
+        reason = getattr(error, "reason", type(error).__name__)
+        record = {"url": task.url, "depth": crawl.depth, "parent": crawl.parent, "link_depth": crawl.depth + 1,
+                  "counts": {"discovered": links.total, "queued": len(queued),
+                             "follow_failed": links.total - len(queued)},
+                  "queued": queued, "skipped": [], "not_followed": "follow_failed", "error": f"{reason}: {error}"[:500]}
+        await self.state.record_page(crawl.crawl_id, task.task_id, record)
+        await self.state.drop_links(crawl.crawl_id, task.task_id)
+        self._measure(crawl.crawl_id, record)
+        log.warning("crawl.follow_failed", crawl_id=crawl.crawl_id, reason=reason, links=links.total)
+
+    def _measure(self, crawl_id: str, record: dict[str, Any]) -> None:
+        """The page record in this process's crawl metrics (labelled by crawl: a fleet's
+        dashboard shows each crawl's progress without reading CRAWLS)."""
+        if self.telemetry is None:
+            return
+        self.telemetry.crawl_pages.add(1, {"crawl_id": crawl_id, "how": record.get("not_followed") or "followed"})
+        for outcome, n in (record.get("counts") or {}).items():
+            if n:
+                self.telemetry.crawl_links.add(n, {"crawl_id": crawl_id, "outcome": outcome})
 
     async def crawl_delay(self, task: ScrapeTask) -> float | None:
         """The ``Crawl-delay`` robots.txt asks of the task's host (obeying crawls only)."""
@@ -177,19 +229,19 @@ class Frontier:
                 queued.append(task_id)  # created by an earlier attempt of this very page (or seeding)
             else:
                 counts["duplicate"] += 1
-        granted = await self.state.reserve(cid, len(fresh), spec.max_pages)
+        holder = parent or SEEDS
+        granted, holds = await self.state.reserve(cid, holder, len(fresh), spec.max_pages, mine=len(queued))
         for task_id in fresh[granted:]:
             skip(candidates[task_id][0], "budget_cut")
         made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], depth, parent)
                                       for task_id in fresh[:granted]))
-        lost = 0
         for task_id, created in zip(fresh[:granted], made, strict=True):
             if created:
                 queued.append(task_id)
             else:
-                counts["duplicate"] += 1
-                lost += 1
-        await self.state.release(cid, lost)
+                counts["duplicate"] += 1  # another page created it in between: its slot goes back
+        if holds:
+            await self.state.settle(cid, holder, granted - sum(made))
         counts["queued"] = len(queued)
         return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
 

@@ -1,5 +1,6 @@
-"""robots.txt: fetched once per origin per crawl through the network policy, cached fleet-wide in
-CRAWLS, read with Protego (Google's rules: wildcards, longest match, Allow over Disallow on ties).
+"""robots.txt: fetched once per origin per crawl through the network policy (``net.checked``: the
+connection goes to the address the policy checked), cached fleet-wide in CRAWLS, read with
+Protego (Google's rules: wildcards, longest match, Allow over Disallow on ties).
 
 As Google documents it: a 2xx body is the rules; a 4xx (no robots.txt) allows everything; a 5xx,
 a timeout or a refused connection means "try again later" (``RobotsUnavailable``, retryable:
@@ -12,19 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import time
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 from protego import Protego
 
 from busscrape.crawl.state import CrawlState
 from busscrape.errors import PolicyBlocked, RetryableError
+from busscrape.net import checked
 from busscrape.net.policy import NetworkPolicy
 
 ROBOTS_TTL = 24 * 3600.0  # seconds a fetched robots.txt is used (Google caches it up to a day)
 FETCH_TIMEOUT = 10.0
 MAX_BYTES = 500 * 1024  # Google reads the first 500 KiB
-MAX_REDIRECTS = 5
 
 
 class RobotsUnavailable(RetryableError):
@@ -80,21 +81,14 @@ class Robots:
         url = origin + "/robots.txt"
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
         try:
-            async with aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": self.user_agent}) as http:
-                for _ in range(MAX_REDIRECTS + 1):
-                    await self.policy.check_url(url)  # every hop, as the browser's egress does
-                    async with http.get(url, allow_redirects=False) as response:
-                        if response.status in (301, 302, 303, 307, 308) and "location" in response.headers:
-                            url = urljoin(url, response.headers["location"])
-                            continue
-                        if 200 <= response.status < 300:
-                            body = (await response.content.read(MAX_BYTES)).decode("utf-8", "replace")
-                            return {"status": response.status, "body": body}
-                        if 400 <= response.status < 500:
-                            return {"status": response.status, "body": ""}
-                        raise RobotsUnavailable(f"{url}: HTTP {response.status}")
-                return {"status": 310, "body": ""}  # too many redirects: as Google, no robots.txt
+            async with checked.session(self.policy, timeout=timeout, headers={"User-Agent": self.user_agent}) as http:
+                got = await checked.fetch(http, self.policy, url, MAX_BYTES)
         except PolicyBlocked:
             return {"status": 0, "body": ""}  # its pages are refused by the policy anyway
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise RobotsUnavailable(f"{url}: {exc or type(exc).__name__}") from None
+        if 200 <= got.status < 300:
+            return {"status": got.status, "body": got.body.decode("utf-8", "replace")}
+        if 400 <= got.status < 500 or got.status == 310:  # 310: too many redirects; as Google, no robots.txt
+            return {"status": got.status, "body": ""}
+        raise RobotsUnavailable(f"{got.url}: HTTP {got.status}")

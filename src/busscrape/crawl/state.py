@@ -4,7 +4,9 @@ Nothing of a crawl lives in one process's memory: its rules, its page budget, wh
 links became and the robots.txt it fetched are keys here (``streams/crawls.toml`` lists them),
 so any worker can take any page and ``busscrape crawl`` run again resumes where the last one
 stopped. The budget is one counter raised with compare-and-set (``KeyValue.update`` with the
-revision read): two workers granting the last slot at once cannot both win.
+revision read): two workers granting the last slot at once cannot both win. The same key holds
+the reservations not yet settled, by page, so a worker killed between reserving and creating
+loses no slot (``reserve``).
 """
 
 from __future__ import annotations
@@ -65,45 +67,74 @@ class CrawlState:
 
     # -- the budget -------------------------------------------------------------------------
 
-    async def reserve(self, crawl_id: str, wanted: int, limit: int | None) -> int:
-        """Take up to ``wanted`` page slots of the crawl's budget; how many were granted."""
-        if wanted <= 0:
-            return 0
-        kv, key = await self.kv(), f"{crawl_id}.budget"
-        while True:
-            try:
-                entry = await kv.get(key)
-                used, revision = int(entry.value or b"0"), entry.revision
-            except nats.js.errors.KeyNotFoundError:
-                used, revision = 0, None
-            granted = wanted if limit is None else max(0, min(wanted, limit - used))
-            if granted == 0:
-                return 0
-            try:
-                if revision is None:
-                    await kv.create(key, str(used + granted).encode())
-                else:
-                    await kv.update(key, str(used + granted).encode(), last=revision)
-                return granted
-            except nats.js.errors.KeyWrongLastSequenceError:
-                await asyncio.sleep(0)  # another process took slots first: read again
+    async def reserve(self, crawl_id: str, holder: str, wanted: int, limit: int | None,
+                      mine: int = 0) -> tuple[int, bool]:
+        """Take up to ``wanted`` page slots of the crawl's budget for ``holder`` (the page whose
+        links they are): how many it may still create, and whether it holds slots (then
+        ``settle`` must follow).
 
-    async def release(self, crawl_id: str, count: int) -> None:
-        """Give back slots reserved for links that turned out to be queued already."""
-        if count <= 0:
-            return
+        The grant is recorded in the budget key itself, in the same compare-and-set as the count
+        (a *hold*: ``[granted, mine]``, ``mine`` = the holder's tasks that existed already), until
+        ``settle``. A holder that died in between (its worker killed after reserving, before or
+        while creating) finds its hold on its redelivery and re-uses it instead of taking new
+        slots: the slots it had are never lost, nor counted twice. ``mine`` now (the holder's
+        tasks in SEEN) tells how many of the hold are spent already."""
         kv, key = await self.kv(), f"{crawl_id}.budget"
         while True:
-            entry = await kv.get(key)
-            try:
-                await kv.update(key, str(max(0, int(entry.value or b"0") - count)).encode(), last=entry.revision)
+            used, holds, revision = await self._budget(kv, key)
+            if holder in holds:
+                granted, before = holds[holder]
+                return max(0, granted - max(0, mine - before)), True
+            granted = wanted if limit is None else max(0, min(wanted, limit - used))
+            if granted <= 0:
+                return 0, False
+            holds[holder] = [granted, mine]
+            if await self._write_budget(kv, key, used + granted, holds, revision):
+                return granted, True
+            await asyncio.sleep(0)  # another process took slots first: read again
+
+    async def settle(self, crawl_id: str, holder: str, unused: int) -> None:
+        """End ``holder``'s hold: its tasks are created; ``unused`` slots (links another page
+        created in between) go back to the budget."""
+        kv, key = await self.kv(), f"{crawl_id}.budget"
+        while True:
+            used, holds, revision = await self._budget(kv, key)
+            if holds.pop(holder, None) is None:
+                return  # settled already (by an earlier go of the same page): give nothing back twice
+            if await self._write_budget(kv, key, max(0, used - unused), holds, revision):
                 return
-            except nats.js.errors.KeyWrongLastSequenceError:
-                await asyncio.sleep(0)
+            await asyncio.sleep(0)
 
     async def used(self, crawl_id: str) -> int:
-        value = await self._get(f"{crawl_id}.budget")
-        return int(value or b"0")
+        return (await self._budget(await self.kv(), f"{crawl_id}.budget"))[0]
+
+    async def holds(self, crawl_id: str) -> dict[str, list[int]]:
+        """Reservations not settled yet, by holder (pages whose links are being queued)."""
+        return (await self._budget(await self.kv(), f"{crawl_id}.budget"))[1]
+
+    @staticmethod
+    async def _budget(kv: KeyValue, key: str) -> tuple[int, dict[str, list[int]], int | None]:
+        try:
+            entry = await kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return 0, {}, None
+        value = orjson.loads(entry.value or b"0")
+        if isinstance(value, int):  # a budget written before holds: the bare count
+            return value, {}, entry.revision
+        return int(value["used"]), dict(value.get("holds") or {}), entry.revision
+
+    @staticmethod
+    async def _write_budget(kv: KeyValue, key: str, used: int, holds: dict[str, list[int]],
+                            revision: int | None) -> bool:
+        value = orjson.dumps({"used": used, "holds": holds})
+        try:
+            if revision is None:
+                await kv.create(key, value)
+            else:
+                await kv.update(key, value, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
 
     # -- pages ------------------------------------------------------------------------------
 

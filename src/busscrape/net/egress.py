@@ -189,17 +189,9 @@ class EgressProxy:
     async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | int:
         """Resolve, check, connect to a checked address; or the SOCKS error code."""
         try:
-            addresses = await self.policy.resolve(host, port)
+            allowed, reason = await self.policy.admitted(host, port)
         except (OSError, ValueError):
             return _HOST_UNREACHABLE
-        allowed = []
-        reason = None
-        for ip in addresses:
-            refusal = self.policy.refusal(host, ip, port)
-            if refusal is None:
-                allowed.append(ip)
-            else:
-                reason = reason or refusal
         if not allowed:
             reason = reason or "no address"
             self._remember(host, port, reason)

@@ -120,6 +120,19 @@ class NetworkPolicy:
             return None
         return f"{why} address {ip} is not in the allow-list"
 
+    async def admitted(self, host: str, port: int) -> tuple[list[IPAddress], str | None]:
+        """The addresses of ``host`` a connection may go to, and why the first refused one was
+        (``OSError`` when the name does not resolve). Connect only to these: they are the ones
+        checked (the egress proxy, ``net.checked``)."""
+        allowed, reason = [], None
+        for ip in await self.resolve(host, port):
+            refusal = self.refusal(host, ip, port)
+            if refusal is None:
+                allowed.append(ip)
+            else:
+                reason = reason or refusal
+        return allowed, reason
+
     async def resolve(self, host: str, port: int) -> list[IPAddress]:
         """The addresses ``host`` resolves to (itself when it is an IP literal)."""
         ip = parse_ip_host(host)  # InvalidHost propagates: the browser would refuse it too

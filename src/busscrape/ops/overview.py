@@ -36,9 +36,11 @@ import structlog
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.topology import Definition
+from busscrape.crawl.spec import CrawlSpec
+from busscrape.crawl.state import CrawlState
 from busscrape.deadletters.queue import DeadLetterQueue, LetterFilter
 from busscrape.errors import StreamsMissing
-from busscrape.model.messages import utcnow
+from busscrape.model.messages import decode, utcnow
 from busscrape.worker.backpressure import HIGH_WATER, fill_of
 from busscrape.worker.fleet_gate import Cooling, cooling_hosts
 
@@ -48,6 +50,8 @@ _FLOW = {name: rank for rank, name in enumerate((
     names.SEEN_STREAM, names.TASKS_STREAM, names.ATTEMPTS_STREAM, names.ARTIFACTS_STREAM,
     names.RESULTS_STREAM, names.DEADLETTER_STREAM, names.ADVISORIES_STREAM, names.STATUS_STREAM,
     names.kv_stream(names.FOLDERS_BUCKET)))}
+MAX_CRAWLS = 20  # crawls shown by `busscrape status`, newest first
+MAX_CRAWLS_READ = 200  # crawls read to find those
 REASON_SAMPLE = 1000  # newest dead letters read for the reason counts
 RATE_STREAMS = (names.TASKS_STREAM, names.RESULTS_STREAM, names.DEADLETTER_STREAM)
 LAG_CONSUMER = (names.TASKS_STREAM, names.WORKERS_CONSUMER)
@@ -143,8 +147,9 @@ class Overview:
 
     async def snapshot(self, before: Counters | None = None) -> tuple[dict[str, Any], Counters]:
         """The status document (see the README for its keys) and the counters of this read."""
-        streams, consumers, by_stage, lag, cooling = await asyncio.gather(
-            self._streams(), self._consumers(), self._stage_counts(), self._jsz_lag(), cooling_hosts(self.bus.js))
+        streams, consumers, by_stage, lag, cooling, crawls = await asyncio.gather(
+            self._streams(), self._consumers(), self._stage_counts(), self._jsz_lag(), cooling_hosts(self.bus.js),
+            self._crawls())
         counters = self._counters(streams, consumers)
         # After the stream reads, so that the scan's own consumer is not counted on DEADLETTER.
         reasons, sampled = await self._reasons(streams[names.DEADLETTER_STREAM]["state"])
@@ -162,8 +167,39 @@ class Overview:
             "results": _results_room(streams[names.RESULTS_STREAM]),
             "rates": rates(before, counters) if before is not None else None,
             "cooling": [_cooling_row(c, time.time()) for c in cooling],
+            "crawls": crawls,
         }
         return doc, counters
+
+    async def _crawls(self) -> list[dict[str, Any]]:
+        """The crawls in CRAWLS (those started within its TTL, the recrawl window), newest first,
+        at most ``MAX_CRAWLS``: each with its rules and counts read from subject counts and its
+        budget key, never from its page records (a status read stays cheap for a big crawl)."""
+        if not any(d.kind == "kv" and d.name == names.CRAWLS_BUCKET for d in self.definitions):
+            return []
+        stream = names.CRAWLS_STREAM
+        prefix = names.kv_subject(names.CRAWLS_BUCKET, "")
+        try:
+            specs = await self._stream_info(stream, subjects_filter=prefix + "*.spec")
+        except StreamsMissing:  # a server provisioned before crawls: no crawl to show
+            return []
+        ids = [subject.removeprefix(prefix).removesuffix(".spec") for subject in specs["state"].get("subjects") or {}]
+        state = CrawlState(self.bus.js)
+
+        async def one(crawl_id: str) -> dict[str, Any]:
+            entry = await self.bus.js.get_last_msg(stream, f"{prefix}{crawl_id}.spec")
+            spec = decode(CrawlSpec, entry.data)
+            pages = await self._stream_info(stream, subjects_filter=f"{prefix}{crawl_id}.page.>")
+            listed = pages.get("total", len(pages["state"].get("subjects") or {}))
+            followed = max(0, listed - 1)  # the seeds' record is not a page
+            used, holds = await state.used(crawl_id), await state.holds(crawl_id)
+            return {"crawl_id": crawl_id, "started": entry.time.isoformat() if entry.time else None,
+                    "seeds": list(spec.seeds[:3]), "seed_count": len(spec.seeds), "scope": spec.scope,
+                    "depth": spec.depth, "max_pages": spec.max_pages, "queued": used, "followed": followed,
+                    "unfollowed": max(0, used - followed), "holds": len(holds), "seq": entry.seq}
+
+        crawls = await asyncio.gather(*(one(i) for i in ids[:MAX_CRAWLS_READ]))
+        return sorted(crawls, key=lambda c: -c.pop("seq"))[:MAX_CRAWLS]
 
     async def _streams(self) -> dict[str, dict[str, Any]]:
         stream_names = [d.stream for d in self.definitions if d.kind != "consumer"]

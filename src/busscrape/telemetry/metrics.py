@@ -55,6 +55,12 @@ class Telemetry:
                                                    description="Bytes written to the archive")
         self.dead_letters = meter.create_counter("busscrape_dead_letters",
                                                  description="Dead letters filed, by stage and reason")
+        self.crawl_links = meter.create_counter(
+            "busscrape_crawl_links", description="Links a worker read on crawl pages, by crawl_id and outcome "
+            "(queued, duplicate, out_of_scope, robots_disallowed, budget_cut, depth_cut, follow_failed …)")
+        self.crawl_pages = meter.create_counter(
+            "busscrape_crawl_pages", description="Crawl pages whose links a worker handled, by crawl_id and how "
+            "(followed, or why not: depth, not_html, redirected_out_of_scope, follow_failed)")
         self._gauges: dict[str, list[Callable[[], Iterable[tuple[float, dict[str, str]]]]]] = {}
         meter.create_observable_gauge("busscrape_in_flight", [self._observe("in_flight")],
                                       description="Messages being worked on, by service")

@@ -8,6 +8,7 @@ captures go to ARTIFACTS as bytes, the rest travels inline.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
@@ -123,7 +124,11 @@ class Capturer:
         opts = task.options
         dom = await page.evaluate(_CAPTURE_JS, "text" in opts.artifacts)
         # Read with the DOM, after the steps: links that JavaScript made are there too.
-        links = PageLinks.from_js(await page.evaluate(LINKS_JS, [visit.follow, MAX_LINKS])) if visit.follow else None
+        links = None
+        if visit.follow:
+            started = time.perf_counter()
+            links = PageLinks.from_js(await page.evaluate(LINKS_JS, [visit.follow, MAX_LINKS]))
+            timings["links"] = round((time.perf_counter() - started) * 1000, 2)  # reading them (bench/crawl.py)
         if "html" in opts.artifacts or opts.extractor:
             dom["html"] = await page.content()
         captures = self._texts(task, dom)

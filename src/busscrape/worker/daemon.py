@@ -106,7 +106,7 @@ class Worker(PullService):
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
         self.extractors = Registry.load(settings.extract.dir)
         self.extraction: ExtractionPool | None = None
-        self.frontier = Frontier(bus.js, settings, self.policy)
+        self.frontier = Frontier(bus.js, settings, self.policy, telemetry)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -254,12 +254,9 @@ class Worker(PullService):
             return False
         if standing:
             await self.results.sweep(task, seq, range(1, story.attempt), keep=objects_of(standing))
-        if task.crawl is not None:
-            try:
-                await self._follow(task)  # the links kept before the result, if they were not followed
-            except RetryableError as exc:  # robots.txt or NATS not answering: the links wait, the page stands
-                await self.retry_later(msg, exc, "task.links_later", reason=exc.reason)
-                return True
+        # The links kept before the result, if they were not followed.
+        if task.crawl is not None and not await self._follow_or_later(msg, task, story.attempt):
+            return True
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         self.count("already_done")
         log.info("task.already_done", settled=story.settled, standing=len(standing or ()))
@@ -296,10 +293,9 @@ class Worker(PullService):
                 stands = await self.results.publish(task, result)
             finally:
                 await recorded
-            if task.crawl is not None:
-                # After the result stands: a page's links never outrun the page itself.
-                await self._follow(task, rendered)
-            await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+            # After the result stands: a page's links never outrun the page itself.
+            if task.crawl is None or await self._follow_or_later(msg, task, attempt, rendered):
+                await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         except Deferred:
             span.set_attribute("busscrape.outcome", "deferred")
             await running
@@ -362,10 +358,33 @@ class Worker(PullService):
         return records.extraction(extractor, outcome, max_bytes=self.settings.extract.max_record_bytes)
 
     async def _keep_links(self, task: ScrapeTask, rendered: Rendered) -> None:
+        started = time.perf_counter()
         try:
             await self.frontier.keep(task, rendered.final_url, rendered.links)
         except TRANSIENT as exc:
             raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}") from None
+        rendered.timings["links_kept"] = round((time.perf_counter() - started) * 1000, 2)
+
+    async def _follow_or_later(self, msg: Msg, task: ScrapeTask, attempt: int,
+                               rendered: Rendered | None = None) -> bool:
+        """Follow a page's links once its result stands; True when the task may be acked.
+        Failing here is the links' failure, never the page's (which is archived, or will be):
+        the task is nak'ed for its links alone (the redelivery finds the result and only
+        follows, ``_done_before``), and its last delivery records ``follow_failed`` in the crawl
+        (``Frontier.give_up``) and acks; no dead letter."""
+        try:
+            await self._follow(task, rendered)
+            return True
+        except RetryableError as exc:
+            if not 0 < self.failures.max_deliver <= attempt:
+                await self.retry_later(msg, exc, "task.links_later", reason=exc.reason)
+                return False
+            try:
+                await self.frontier.give_up(task, exc)
+            except (RetryableError, *TRANSIENT) as err:
+                await self.retry_later(msg, err, "task.links_unrecorded", reason=exc.reason)
+                return False
+            return True
 
     async def _follow(self, task: ScrapeTask, rendered: Rendered | None = None) -> None:
         """The crawl's next tasks from this page's links (``crawl.frontier``)."""
