@@ -67,7 +67,7 @@ def crawl_cmd(
 ) -> None:
     import orjson
 
-    from busscrape.cli.run import exit_code, how_to_look, quiet_logs, summary_table
+    from busscrape.cli.run import exit_code, quiet_logs
 
     if seeds[0] == "status":
         if len(seeds) != 2:
@@ -100,35 +100,15 @@ def crawl_cmd(
             out.print(f"crawl {spec.crawl_id} started: {seeded.get('queued', 0)} seed(s) queued; "
                       f"`busscrape crawl status {spec.crawl_id}` follows it")
         raise typer.Exit(0)
-    from busscrape.cli.run import execute
+    from busscrape.cli.run import execute, show_outcome
     from busscrape.ops.runner import RunOptions
 
     opts = RunOptions(source="", defaults=task.defaults(), with_daemons=with_daemons, crawl=spec)
     if workers:
         opts.workers = workers
     summary = run(execute(s, opts))
-    packed = None
-    if wacz:
-        from busscrape.cli.wacz import package
-
-        packed = run(package(s, wacz, locations=summary.locations, archive=archive))
-    if task.as_json:
-        from busscrape.cli.run import summary_dict
-
-        doc = summary_dict(summary)
-        doc["crawl"] = summary.crawl.as_dict() if summary.crawl else None
-        if packed is not None:
-            doc["wacz"] = {"key": packed.key, "pages": packed.pages, "bytes": packed.size}
-        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
-    else:
-        if summary.crawl is not None:
-            out.print(crawl_table(summary.crawl))
-        out.print(summary_table(summary))
-        out.print(how_to_look(summary, s), soft_wrap=True)
-        if packed is not None:
-            from busscrape.cli.wacz import report
-
-            report(packed)
+    show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive,
+                 tables=(crawl_table(summary.crawl),) if summary.crawl is not None else ())
     raise typer.Exit(exit_code(summary, False))
 
 

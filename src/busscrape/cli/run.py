@@ -72,24 +72,38 @@ def run_cmd(
         if workers:
             opts.workers = workers
         summary = run(execute(s, opts))
+    show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive)
+    raise typer.Exit(exit_code(summary, task.strict))
+
+
+def show_outcome(s: Settings, summary: RunSummary, *, as_json: bool, wacz: str | None, archive: Path | None,
+                 tables: tuple[object, ...] = ()) -> None:
+    """How ``run`` and ``crawl`` end: the run's pages packed as a WACZ when asked, then the summary
+    as one JSON object (with the crawl's and the WACZ's) or as ``tables`` + the run's table and
+    where to look."""
+    import orjson
+
     packed = None
     if wacz:
         from busscrape.cli.wacz import package
 
         packed = run(package(s, wacz, locations=summary.locations, archive=archive))
-    if task.as_json:
+    if as_json:
         doc = summary_dict(summary)
+        if summary.crawl is not None:
+            doc["crawl"] = summary.crawl.as_dict()
         if packed is not None:
             doc["wacz"] = {"key": packed.key, "pages": packed.pages, "bytes": packed.size}
-        sys.stdout.write(orjson.dumps(doc).decode() + "\n")
-    else:
-        out.print(summary_table(summary))
-        out.print(how_to_look(summary, s), soft_wrap=True)
-        if packed is not None:
-            from busscrape.cli.wacz import report
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+        return
+    for table in tables:
+        out.print(table)
+    out.print(summary_table(summary))
+    out.print(how_to_look(summary, s), soft_wrap=True)
+    if packed is not None:
+        from busscrape.cli.wacz import report
 
-            report(packed)
-    raise typer.Exit(exit_code(summary, task.strict))
+        report(packed)
 
 
 def summary_dict(summary: RunSummary) -> dict[str, object]:

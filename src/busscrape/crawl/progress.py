@@ -9,15 +9,13 @@ in one process, so a second ``busscrape crawl`` (or ``GET /crawls/{id}``) sees t
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import nats.errors
 import orjson
 
+from busscrape.bus.kv_watch import KvWatch
 from busscrape.crawl.frontier import OUTCOMES
 from busscrape.crawl.state import SEEDS, CrawlState
 from busscrape.status.tracker import Tracker
@@ -75,33 +73,16 @@ class CrawlWatch:
         self.followed: set[str] = set()
         self.tasks: set[str] = set()
         """The crawl's tasks (the tracker may follow other tasks too: ``run`` of a mixed input)."""
-        self._watcher: Any = None
-        self._task: asyncio.Task[None] | None = None
+        self._watch = KvWatch(self._entry, name="crawl-watch")
 
     async def start(self) -> None:
-        kv = await self.state.kv()
-        self._watcher = await kv.watch(f"{self.crawl_id}.page.>")
-        self._task = asyncio.create_task(self._follow(), name="crawl-watch")
+        await self._watch.start(await self.state.kv(), f"{self.crawl_id}.page.>")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._watcher is not None:
-            with contextlib.suppress(Exception):
-                await self._watcher.stop()
+        await self._watch.stop()
 
-    async def _follow(self) -> None:
-        prefix = f"{self.crawl_id}.page."
-        while True:
-            try:
-                entry = await self._watcher.updates(timeout=3600)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            if entry is None or not entry.value:
-                continue
-            self.see(entry.key.removeprefix(prefix), orjson.loads(entry.value))
+    def _entry(self, key: str, value: bytes) -> None:
+        self.see(key.removeprefix(f"{self.crawl_id}.page."), orjson.loads(value))
 
     def see(self, page: str, record: dict[str, Any]) -> None:
         for task_id in record.get("queued") or ():

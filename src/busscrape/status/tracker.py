@@ -13,11 +13,10 @@ import contextlib
 from collections import Counter
 from datetime import datetime
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 
+from busscrape.bus.kv_watch import KvWatch
 from busscrape.bus.names import SEEN_STREAM, STATUS_BUCKET, seen_key_subject
 from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import MessageDecodeError
@@ -36,7 +35,7 @@ class Tracker:
         self.final: dict[str, TaskStatus] = {}
         self._early: dict[str, TaskStatus] = {}
         self._changed = asyncio.Event()
-        self._watcher = None
+        self._watch = KvWatch(self._entry, name="status-watch")
         self._lookups: set[asyncio.Task[None]] = set()
 
     # -- what to wait for -------------------------------------------------------------------
@@ -67,36 +66,20 @@ class Tracker:
     # -- watching ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        kv = await self._js.key_value(STATUS_BUCKET)
-        self._watcher = await kv.watchall()
-        self._task = asyncio.create_task(self._follow())
+        await self._watch.start(await self._js.key_value(STATUS_BUCKET))
 
     async def stop(self) -> None:
         for task in list(self._lookups):
             task.cancel()
-        if getattr(self, "_task", None):
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._watcher is not None:
-            with contextlib.suppress(Exception):
-                await self._watcher.stop()
+        await self._watch.stop()
 
-    async def _follow(self) -> None:
-        assert self._watcher is not None
-        while True:
-            try:
-                entry = await self._watcher.updates(timeout=3600)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            if entry is None or not entry.value:
-                continue
-            try:
-                status = decode(TaskStatus, entry.value)
-            except MessageDecodeError as exc:
-                log.warning("tracker.bad_status", key=entry.key, error=str(exc))
-                continue
-            self._see(status)
+    def _entry(self, key: str, value: bytes) -> None:
+        try:
+            status = decode(TaskStatus, value)
+        except MessageDecodeError as exc:
+            log.warning("tracker.bad_status", key=key, error=str(exc))
+            return
+        self._see(status)
 
     def _see(self, status: TaskStatus) -> None:
         task_id = status.task_id

@@ -1,0 +1,44 @@
+"""A KV watch fed, entry by entry, to a callback in a task of its own until stopped: how
+``busscrape run``'s tracker follows STATUS and a crawl's watch follows its page records."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import nats.errors
+from nats.js.kv import KeyValue
+
+
+class KvWatch:
+    def __init__(self, on_entry: Callable[[str, bytes], None], *, name: str) -> None:
+        self._on_entry = on_entry
+        self._name = name
+        self._watcher: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, kv: KeyValue, keys: str | None = None) -> None:
+        """Watch ``keys`` (a subject filter) of ``kv``, or all of it."""
+        self._watcher = await (kv.watch(keys) if keys is not None else kv.watchall())
+        self._task = asyncio.create_task(self._follow(), name=self._name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                await self._watcher.stop()
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                entry = await self._watcher.updates(timeout=3600)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            # None marks the end of the initial values; an empty value is a delete or purge.
+            if entry is not None and entry.value:
+                self._on_entry(entry.key, entry.value)
