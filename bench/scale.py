@@ -84,9 +84,12 @@ _OWN = "github.com/nats-io/nats-server/v2/"
 def heap(profile_port: int, top: int = 14) -> tuple[list[tuple[str, int]], dict[str, int]]:
     """(largest in-use allocation sites, runtime.MemStats) from nats-server's heap profile, after
     a forced GC (``gc=1``: an idle server collects nothing by itself). Go samples one allocation
-    per ``rate`` bytes; each site is scaled back up the way ``go tool pprof`` does."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{profile_port}/debug/pprof/heap?debug=1&gc=1", timeout=60) as r:
-        text = r.read().decode()
+    per ``rate`` bytes; each site is scaled back up the way ``go tool pprof`` does. Read twice:
+    buffers parked in a ``sync.Pool`` survive the first collection (as its victim cache)."""
+    for _ in range(2):
+        with urllib.request.urlopen(f"http://127.0.0.1:{profile_port}/debug/pprof/heap?debug=1&gc=1",
+                                    timeout=60) as r:
+            text = r.read().decode()
     rate = int(re.search(r"@ heap/(\d+)", text).group(1)) // 2  # the header prints 2 * MemProfileRate
     sites: Counter[str] = Counter()
     stats: dict[str, int] = {}

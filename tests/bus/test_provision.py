@@ -41,6 +41,19 @@ async def test_apply_creates_everything_with_the_configured_values(bus, settings
     assert advisories.config.subjects == [names.MAX_DELIVERIES_ADVISORY]
 
 
+async def test_buckets_and_tasks_are_compressed_from_the_first_apply(bus, settings):
+    # A bucket's create API has no compression: apply sets it on the stream right after, so a
+    # second apply finds nothing to do; ``none`` takes it off again, in place.
+    await provision.apply(bus.js, topology.load(settings))
+    compressed = (names.SEEN_STREAM, names.TASKS_STREAM, names.STATUS_STREAM)
+    assert [(await bus.js.stream_info(n)).config.compression for n in compressed] == ["s2"] * 3
+    assert {c.action for c in await provision.plan(bus.js, topology.load(settings))} == {"unchanged"}
+    plain = settings.with_overrides(streams={"compression": "none"})
+    changes = await provision.apply(bus.js, topology.load(plain))
+    assert {c.definition.stream for c in changes if c.action == "update"} == set(compressed)
+    assert [(await bus.js.stream_info(n)).config.compression for n in compressed] == ["none"] * 3
+
+
 async def test_apply_twice_changes_nothing(bus, settings):
     defs = topology.load(settings)
     await provision.apply(bus.js, defs)
