@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import nats.errors
 import orjson
 
 from busscrape.bus import names, provision, topology
@@ -83,8 +84,11 @@ async def fresh(bus: Bus, settings: Settings) -> None:
 async def in_tasks(bus: Bus, count: int) -> None:
     """Poll until TASKS holds ``count`` tasks (the server does the sourcing: nothing to await)."""
     while True:
-        if (await bus.js.stream_info(names.TASKS_STREAM)).state.messages >= count:
-            return
+        try:
+            if (await bus.js.stream_info(names.TASKS_STREAM)).state.messages >= count:
+                return
+        except nats.errors.TimeoutError:
+            pass  # a server busy sourcing a million tasks may answer late: ask again
         await asyncio.sleep(0.005)
 
 

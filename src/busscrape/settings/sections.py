@@ -162,9 +162,9 @@ class StreamSettings(_Section):
     """Largest message accepted by TASKS and RESULTS; page bytes travel in ARTIFACTS."""
     compression: Literal["s2", "none"] = "s2"
     """Store compression of TASKS, SEEN and STATUS (``s2`` or ``none``): their messages are JSON
-    that repeats itself from task to task, so ``s2`` takes a queued or remembered task's bytes
-    on disk down by about half for a little server CPU (README: capacity planning). Applies to
-    blocks written after a change."""
+    that repeats itself from task to task: ``s2`` took a queued task's bytes on disk from 1,825 to
+    1,066 (README: capacity planning) for a little server CPU. Applies to blocks written after
+    a change."""
 
 
 class DispatchSettings(_Section):
