@@ -42,8 +42,9 @@ async def test_apply_creates_everything_with_the_configured_values(bus, settings
 
 
 async def test_buckets_and_tasks_are_compressed_from_the_first_apply(bus, settings):
-    # A bucket's create API has no compression: apply sets it on the stream right after, so a
-    # second apply finds nothing to do; ``none`` takes it off again, in place.
+    # A bucket's create API has no compression: apply makes the bucket's stream again with it
+    # (the file store takes compression when a stream is made), so a second apply finds nothing
+    # to do; ``none`` changes the configuration in place.
     await provision.apply(bus.js, topology.load(settings))
     compressed = (names.SEEN_STREAM, names.TASKS_STREAM, names.STATUS_STREAM)
     assert [(await bus.js.stream_info(n)).config.compression for n in compressed] == ["s2"] * 3

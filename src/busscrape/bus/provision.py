@@ -204,11 +204,14 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
     elif change.action == "create":
         if d.kind == "kv":
             await js.create_key_value(d.create)
-            # What the bucket API cannot say (``topology.STREAM_ONLY``: compression) goes on the
-            # stream underneath at once, so a fresh apply leaves nothing for the next one to do.
+            # What the bucket API cannot say (``topology.STREAM_ONLY``: compression) must be there
+            # when the stream is made: the file store takes its compression then, and an update
+            # only changes the configuration (measured: SEEN stayed uncompressed on disk). So the
+            # empty stream the bucket API made (with the bucket's conventions) is made again.
             live = (await js.stream_info(d.stream)).config
             if _diff(d.managed, live):
-                await js.update_stream(_with_desired(live, d))
+                await js.delete_stream(d.stream)
+                await js.add_stream(_with_desired(live, d))
         elif d.kind == "object_store":
             await js.create_object_store(d.name, config=d.create)
         else:
