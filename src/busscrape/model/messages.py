@@ -151,7 +151,7 @@ class ScrapeTask(Message):
     # A task is stored twice per queued URL (SEEN and TASKS) and kept in SEEN for the recrawl
     # window: the default options alone were 330 of its 576 bytes (issue #19). Only whole
     # fields are left out, so a task with any option set carries all of its options.
-    omit_when_default: ClassVar[tuple[str, ...]] = ("steps", "options", "labels")
+    omit_when_default: ClassVar[tuple[str, ...]] = ("steps", "options", "labels", "crawl")
 
 
 def identity_tail(steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None) -> bytes:
