@@ -68,8 +68,9 @@ def messages(path: Path) -> list[Message]:
         for line in f:
             url = urls.normalise(line)
             task_id = task_key(url)
-            headers = {names.MSG_ID: f"{task_id}-bench", names.MSG_TTL: str(7 * 86400),
-                       names.TRACEPARENT: tracing.new_traceparent(), names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+            # A create carries no Nats-Msg-Id (issue #19: the create settles a retry by itself).
+            headers = {names.MSG_TTL: str(7 * 86400), names.TRACEPARENT: tracing.new_traceparent(),
+                       names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
             out.append((task_id, encode(ScrapeTask(task_id=task_id, url=url, original_url=line.strip())), headers))
     return out
 

@@ -16,7 +16,7 @@ For each line: parse (``inputs``), normalise the URL (``urls``), compute the tas
 again. Only there does a publish carry ``Nats-Msg-Id: <task_id>-<run_id>``
 (``names.dispatch_msg_id``), so that a retried put lands (and is queued) once. A create carries
 none: the id would buy nothing the create does not already settle, and each one cost SEEN and
-TASKS a de-duplication entry for their duplicate windows (~215 B of server RAM per task
+TASKS a de-duplication entry for their duplicate windows (~224 B of server RAM per task
 dispatched, issue #19). TASKS needs no id to source each SEEN message once: nats-server tracks
 the last SEEN sequence it sourced (and keeps it across restarts and an emptied TASKS).
 Nothing counts as published before its PubAck.
