@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import nats.errors
 import orjson
 
 from busscrape.bus import names, provision, topology
@@ -67,8 +68,9 @@ def messages(path: Path) -> list[Message]:
         for line in f:
             url = urls.normalise(line)
             task_id = task_key(url)
-            headers = {names.MSG_ID: f"{task_id}-bench", names.MSG_TTL: str(7 * 86400),
-                       names.TRACEPARENT: tracing.new_traceparent(), names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+            # A create carries no Nats-Msg-Id (issue #19: the create settles a retry by itself).
+            headers = {names.MSG_TTL: str(7 * 86400), names.TRACEPARENT: tracing.new_traceparent(),
+                       names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
             out.append((task_id, encode(ScrapeTask(task_id=task_id, url=url, original_url=line.strip())), headers))
     return out
 
@@ -83,8 +85,11 @@ async def fresh(bus: Bus, settings: Settings) -> None:
 async def in_tasks(bus: Bus, count: int) -> None:
     """Poll until TASKS holds ``count`` tasks (the server does the sourcing: nothing to await)."""
     while True:
-        if (await bus.js.stream_info(names.TASKS_STREAM)).state.messages >= count:
-            return
+        try:
+            if (await bus.js.stream_info(names.TASKS_STREAM)).state.messages >= count:
+                return
+        except nats.errors.TimeoutError:
+            pass  # a server busy sourcing a million tasks may answer late: ask again
         await asyncio.sleep(0.005)
 
 

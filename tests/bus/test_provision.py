@@ -9,7 +9,7 @@ import pytest
 
 from busscrape.bus import names, provision, topology
 from busscrape.errors import StreamConflict, StreamsMissing
-from tests.support.bus import wait_until
+from tests.support.bus import enqueue, wait_until
 
 
 async def test_apply_creates_everything_with_the_configured_values(bus, settings):
@@ -40,6 +40,20 @@ async def test_apply_creates_everything_with_the_configured_values(bus, settings
     assert artifacts.config.max_age == pytest.approx(s.streams.artifacts_ttl)
     advisories = await bus.js.stream_info(names.ADVISORIES_STREAM)
     assert advisories.config.subjects == [names.MAX_DELIVERIES_ADVISORY]
+
+
+async def test_buckets_and_tasks_are_compressed_from_the_first_apply(bus, settings):
+    # A bucket's create API has no compression: apply makes the bucket's stream again with it
+    # (the file store takes compression when a stream is made), so a second apply finds nothing
+    # to do; ``none`` changes the configuration in place.
+    await provision.apply(bus.js, topology.load(settings))
+    compressed = (names.SEEN_STREAM, names.TASKS_STREAM, names.STATUS_STREAM)
+    assert [(await bus.js.stream_info(n)).config.compression for n in compressed] == ["s2"] * 3
+    assert {c.action for c in await provision.plan(bus.js, topology.load(settings))} == {"unchanged"}
+    plain = settings.with_overrides(streams={"compression": "none"})
+    changes = await provision.apply(bus.js, topology.load(plain))
+    assert {c.definition.stream for c in changes if c.action == "update"} == set(compressed)
+    assert [(await bus.js.stream_info(n)).config.compression for n in compressed] == ["none"] * 3
 
 
 async def test_apply_twice_changes_nothing(bus, settings):
@@ -144,3 +158,34 @@ async def test_a_new_key_in_seen_is_queued_in_tasks_once_and_outlives_its_ttl(ap
 
 async def _messages(js, stream: str, n: int) -> bool:
     return (await js.stream_info(stream)).state.messages == n
+
+
+async def test_tasks_moved_to_partitions_queue_nothing_seen_holds_a_second_time(bus, settings, tmp_path):
+    # nats-server keys a source by its transforms: the old per-task one changed to partitions
+    # (issue #19) is a new source, which (with tasks still queued, so nothing in TASKS to take a
+    # start time from) would start at SEEN's first message and queue every task again.
+    folder = tmp_path / "defs"
+    shutil.copytree(topology.definitions_dir(settings), folder)
+    path = folder / "tasks.toml"
+    src, dest = names.SEEN_TO_TASKS
+    old = path.read_text().replace(f'src = "{src}", dest = "{dest}"', 'src = "$KV.SEEN.>", dest = "busscrape.tasks.>"')
+    assert old != path.read_text()
+    path.write_text(old)
+    await provision.apply(bus.js, topology.load(settings, folder))
+    queued = [await enqueue(bus.js, f"http://example.com/queued/{i}") for i in range(3)]
+    await wait_until(lambda: _messages(bus.js, names.TASKS_STREAM, 3), timeout=30)
+    assert (await bus.js.get_msg(names.TASKS_STREAM, 1)).subject == f"busscrape.tasks.{queued[0].task_id}"
+
+    changes = await provision.apply(bus.js, topology.load(settings))
+    assert [c.action for c in changes if c.definition.name == names.TASKS_STREAM] == ["update"]
+    new = await enqueue(bus.js, "http://example.com/new")
+    # Sourcing keeps SEEN's order: a restart from SEEN's start would bring the three again first.
+    await wait_until(lambda: _at_least(bus.js, names.TASKS_STREAM, 4), timeout=30)
+    info = await bus.js.stream_info(names.TASKS_STREAM, subjects_filter=">")
+    assert info.state.subjects == {**{f"busscrape.tasks.{t.task_id}": 1 for t in queued},
+                                   names.task_subject(new.task_id): 1}
+    assert {c.action for c in await provision.plan(bus.js, topology.load(settings))} == {"unchanged"}
+
+
+async def _at_least(js, stream: str, n: int) -> bool:
+    return (await js.stream_info(stream)).state.messages >= n

@@ -33,13 +33,13 @@ def test_placeholders_take_the_settings():
     assert seen.create.ttl == s.streams.recrawl_window
 
 
-def test_tasks_source_the_seen_bucket_into_task_subjects():
+def test_tasks_source_the_seen_bucket_into_task_partitions():
     tasks = next(d for d in topology.load(Settings()) if d.name == names.TASKS_STREAM)
     config = tasks.config
     assert config.sources[0].name == names.SEEN_STREAM
     transform = config.sources[0].subject_transforms[0]
-    assert transform.src == names.seen_key_subject(">")
-    assert transform.dest == names.task_subject(">")
+    assert (transform.src, transform.dest) == names.SEEN_TO_TASKS
+    assert config.subjects == [names.TASK_SUBJECTS]
 
 
 def write(folder: Path, name: str, text: str) -> Path:

@@ -40,7 +40,8 @@ async def test_streams_show_and_status_keep_names_and_cells_whole(applied, nats_
     env = piped_env(BUSSCRAPE_NATS__URL=nats_url)
     shown = busscrape("streams", "show", env=env)
     assert shown.returncode == 0, shown.stderr
-    assert "retention=workqueue, discard=old, max_age=14d, duplicate_window=10m, sources=KV_SEEN" in shown.stdout
+    assert ("retention=workqueue, compression=s2, discard=old, max_age=14d, duplicate_window=10m, sources=KV_SEEN"
+            in shown.stdout)
     status = busscrape("status", env=env)
     assert status.returncode == 0, status.stderr
     assert "TASK_ADVISORIES/reaper" in status.stdout and "…" not in status.stdout

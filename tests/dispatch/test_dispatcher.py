@@ -43,9 +43,16 @@ async def dispatch(bus, settings, source, **kw):
         return await dispatcher.dispatch(source)
 
 
-async def tasks_by_subject(js) -> Counter:
-    info = await js.stream_info(names.TASKS_STREAM, subjects_filter=">")
-    return Counter(info.state.subjects or {})
+async def tasks_by_id(js) -> Counter:
+    """How many times TASKS holds each task id (its subjects are partitions, not task ids)."""
+    state = (await js.stream_info(names.TASKS_STREAM)).state
+    seqs = list(range(state.first_seq, state.last_seq + 1)) if state.messages else []
+    counts: Counter = Counter()
+    for i in range(0, len(seqs), 500):
+        for msg in await asyncio.gather(*(js.get_msg(names.TASKS_STREAM, q) for q in seqs[i:i + 500])):
+            assert msg.subject == names.task_subject(orjson.loads(msg.data)["task_id"])
+            counts[orjson.loads(msg.data)["task_id"]] += 1
+    return counts
 
 
 async def settled(js) -> int:
@@ -105,7 +112,7 @@ async def test_counts_are_exact_across_runs_and_force(applied, settings, tmp_pat
     assert set(published) == expected and len(published) == 3
     assert first.exit_code() == 0 and first.exit_code(strict=True) == 1
     await settled(applied.js)
-    assert await tasks_by_subject(applied.js) == {names.task_subject(t): 1 for t in expected}
+    assert await tasks_by_id(applied.js) == {t: 1 for t in expected}
 
     again = await dispatch(applied, settings, path)
     assert (again.read, again.invalid, again.duplicate_in_input, again.already_seen, again.published) == (
@@ -114,7 +121,7 @@ async def test_counts_are_exact_across_runs_and_force(applied, settings, tmp_pat
     forced = await dispatch(applied, settings, path, force=True)
     assert (forced.duplicate_in_input, forced.already_seen, forced.published) == (3, 0, 3)
     await settled(applied.js)
-    assert await tasks_by_subject(applied.js) == {names.task_subject(t): 2 for t in expected}
+    assert await tasks_by_id(applied.js) == {t: 2 for t in expected}
 
 
 async def test_a_task_carries_identity_urls_options_labels_and_trace_context(applied, settings):
@@ -130,7 +137,27 @@ async def test_a_task_carries_identity_urls_options_labels_and_trace_context(app
     assert before - timedelta(seconds=1) <= task.dispatched_at <= datetime.now(UTC)
     assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", msg.headers[names.TRACEPARENT])
     assert msg.headers[names.MSG_TTL] == str(7 * 86400)
-    assert msg.headers[names.MSG_ID].startswith(task.task_id + "-")
+    # A create is idempotent by itself: no de-duplication id (each cost SEEN and TASKS an entry
+    # for their duplicate windows, issue #19). Only a --force put carries one.
+    assert names.MSG_ID not in msg.headers
+
+
+async def test_tasks_spread_over_a_bounded_set_of_subjects(applied, settings):
+    # One subject per task cost nats-server an index entry per queued task (issue #19).
+    await dispatch(applied, settings, [f"http://example.com/spread/{i}" for i in range(300)])
+    assert await settled(applied.js) == 300
+    by_id = await tasks_by_id(applied.js)  # also checks each subject is names.task_subject(id)
+    assert len(by_id) == 300 and set(by_id.values()) == {1}
+    subjects = (await applied.js.stream_info(names.TASKS_STREAM, subjects_filter=">")).state.subjects
+    assert 1 < len(subjects) <= names.TASK_PARTITIONS and sum(subjects.values()) == 300
+
+
+async def test_a_forced_put_carries_its_run_s_de_duplication_id(applied, settings):
+    async with Dispatcher(applied, settings, DEFAULTS, force=True) as dispatcher:
+        await dispatcher.dispatch(["http://example.com/forced"])
+    await settled(applied.js)
+    msg = await applied.js.get_msg(names.TASKS_STREAM, 1)
+    assert msg.headers[names.MSG_ID] == names.dispatch_msg_id(orjson.loads(msg.data)["task_id"], dispatcher.run_id)
 
 
 async def test_jsonl_lines_with_their_own_options_are_their_own_tasks(applied, settings, tmp_path):
@@ -144,10 +171,10 @@ async def test_jsonl_lines_with_their_own_options_are_their_own_tasks(applied, s
     assert summary.invalid_by_reason == {"invalid_json": 1, "invalid_task": 1, "unsupported_scheme": 1}
     url = "http://example.com/p"
     await settled(applied.js)
-    assert set(await tasks_by_subject(applied.js)) == {names.task_subject(t) for t in (
+    assert set(await tasks_by_id(applied.js)) == {
         task_key(url, DEFAULTS.steps, DEFAULTS.options),
         task_key(url, DEFAULTS.steps, DEFAULTS.options.model_copy(update={"artifacts": ("html",)})),
-        task_key(url, (Scroll(),), DEFAULTS.options))}
+        task_key(url, (Scroll(),), DEFAULTS.options)}
 
 
 async def test_the_recrawl_window_expires(applied, settings):
@@ -162,7 +189,7 @@ async def test_the_recrawl_window_expires(applied, settings):
     again = await dispatch(applied, short, source)
     assert (again.published, again.already_seen) == (2, 0)
     await settled(applied.js)
-    assert set((await tasks_by_subject(applied.js)).values()) == {2}  # queued again, not swallowed
+    assert set((await tasks_by_id(applied.js)).values()) == {2}  # queued again, not swallowed
 
 
 async def test_recrawl_after_must_fit_the_bucket_and_whole_seconds(applied, settings):
@@ -221,7 +248,7 @@ async def test_retries_after_timeouts_publish_each_task_once(applied, settings, 
     assert (summary.published, summary.already_seen, summary.failed) == (300, 0, 0)
     assert paths["retried"] > 0  # the retry path ran (and each retry still queued its task once)
     assert (await applied.js.stream_info(names.SEEN_STREAM)).state.messages == 300
-    assert set((await tasks_by_subject(applied.js)).values()) == {1}
+    assert set((await tasks_by_id(applied.js)).values()) == {1}
     assert await settled(applied.js) == 300
 
 
@@ -259,7 +286,7 @@ async def test_a_cut_connection_loses_no_task_and_queues_none_twice(applied, set
     # moment of the cut: that path is provoked on cue below.)
     assert paths["retried"] > 0
     assert await settled(applied.js) == 20_000
-    assert set((await tasks_by_subject(applied.js)).values()) == {1}
+    assert set((await tasks_by_id(applied.js)).values()) == {1}
 
 
 async def test_lost_pubacks_are_settled_by_reading_the_key_back(applied, settings, nats_server, tmp_path):
@@ -281,7 +308,7 @@ async def test_lost_pubacks_are_settled_by_reading_the_key_back(applied, setting
             summary = await dispatcher.dispatch([f"http://example.com/lost/{i}" for i in range(100)])
     assert len(dropped) == 20 and paths["read_back"] == 20
     assert (summary.published, summary.already_seen, summary.failed, summary.unconfirmed) == (100, 0, 0, 0)
-    assert await settled(applied.js) == 100 and set((await tasks_by_subject(applied.js)).values()) == {1}
+    assert await settled(applied.js) == 100 and set((await tasks_by_id(applied.js)).values()) == {1}
 
 
 async def test_an_ambiguous_refusal_is_resolved_by_reading_the_key_back(applied, settings):
@@ -348,10 +375,9 @@ async def test_killed_halfway_then_run_again_queues_every_url_exactly_once(appli
     summary = orjson.loads(second.stdout)
     assert (summary["read"], summary["already_seen"], summary["published"]) == (count, landed, count - landed)
     assert await settled(applied.js) == count
-    by_subject = await tasks_by_subject(applied.js)
+    by_id = await tasks_by_id(applied.js)
     defaults = TaskDefaults()
-    assert by_subject == {names.task_subject(task_id_of(f"http://example.com/kill/{i}", defaults)): 1
-                          for i in range(count)}
+    assert by_id == {task_id_of(f"http://example.com/kill/{i}", defaults): 1 for i in range(count)}
 
 
 async def test_cli_exit_codes_summary_and_rejects_file(applied, settings, tmp_path):

@@ -9,6 +9,7 @@ from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import (
     ArtifactRef,
     AttemptRecord,
+    CrawlRef,
     DeadLetter,
     MessageSource,
     ScrapeResult,
@@ -43,6 +44,20 @@ def test_task_round_trips_with_steps_and_options():
                             WaitFor(state="networkidle")),
                      options=TaskOptions(har_content="embed", block_resources=("font",)), labels={"job": "j"})
     assert decode(ScrapeTask, encode(task)) == task
+
+
+def test_a_task_with_default_options_leaves_them_out_and_gets_them_back():
+    plain = ScrapeTask(task_id="a" * 32, url="http://example.com/", original_url="http://example.com/")
+    wire = orjson.loads(encode(plain))
+    assert not {"steps", "options", "labels", "crawl"} & set(wire) and wire["schema_version"] == 1
+    assert decode(ScrapeTask, encode(plain)) == plain
+    tagged = plain.model_copy(update={"labels": {"job": "j"}, "options": TaskOptions(artifacts=("html",))})
+    wire = orjson.loads(encode(tagged))
+    assert wire["labels"] == {"job": "j"} and wire["options"]["artifacts"] == ["html"] and "steps" not in wire
+    assert decode(ScrapeTask, encode(tagged)) == tagged
+    seeded = plain.model_copy(update={"crawl": CrawlRef(crawl_id="c" * 16)})
+    assert orjson.loads(encode(seeded))["crawl"]["crawl_id"] == "c" * 16
+    assert decode(ScrapeTask, encode(seeded)) == seeded
 
 
 def test_result_and_dead_letter_round_trip():

@@ -3,7 +3,7 @@
 The flow on the wire::
 
     dispatcher ─ create $KV.SEEN.<task_key> ─► KV_SEEN ══ sourced by the server ══► TASKS
-               (atomic: first writer wins)            ($KV.SEEN.* → busscrape.tasks.*)
+               (atomic: first writer wins)       ($KV.SEEN.* → busscrape.tasks.<partition>)
     worker ─ $O.ARTIFACTS.{C,M}.… ─► OBJ_ARTIFACTS ─► ingester (claim checks)
     worker ─ busscrape.results.<task_key> ─► RESULTS ─► ingester
     anyone ─ busscrape.deadletter.<stage>.<task_key> ─► DEADLETTER ─► archivist
@@ -12,9 +12,17 @@ The flow on the wire::
 The dispatcher never publishes to TASKS itself: a task enters TASKS only because its key was
 newly created in SEEN, so "marked seen" and "queued" cannot come apart when it crashes.
 
+TASKS has a bounded set of subjects, ``busscrape.tasks.<0..TASK_PARTITIONS-1>`` (the task id's
+hash picks one), not one per task: nothing finds a task by its subject (workers pull the whole
+stream, the reaper and dead letters go by sequence), and nats-server keeps an index entry per
+subject per stream (the subject trees of SEEN and TASKS took ~440 B a queued task at 1M on 2.15,
+SEEN's alone ~178 B: issue #19).
+
 ``Nats-Msg-Id`` values are built here too: every stream de-duplicates by them for its duplicate
 window, so two places that must agree on one (the worker and the reaper filing the same dead
-letter) take it from the same function.
+letter) take it from the same function. Each id costs the stream a de-duplication entry for
+that window, so a publish that something else already makes idempotent carries none (the
+dispatcher's SEEN creates).
 """
 
 from __future__ import annotations
@@ -103,9 +111,27 @@ def seen_key_subject(task_key: str) -> str:
     return kv_subject(SEEN_BUCKET, task_key)
 
 
+TASK_PARTITIONS = 64
+"""How many subjects TASKS spreads its tasks over (room for consumers that split the queue by
+subject; each costs the server one index entry, not one per task)."""
+TASK_SUBJECTS = f"{PREFIX}.tasks.>"
+SEEN_TO_TASKS = (kv_subject(SEEN_BUCKET, "*"), f"{PREFIX}.tasks.{{{{partition({TASK_PARTITIONS},1)}}}}")
+"""TASKS' source transform from SEEN (``streams/tasks.toml`` must say the same: a test checks)."""
+
+
+def task_partition(task_key: str) -> int:
+    """The partition nats-server's ``partition(n,1)`` transform gives a key: FNV-1a (32 bit) of
+    the key's token, modulo n. Written out so a task published straight to TASKS (a dead-letter
+    replay) lands where its sourced copy would."""
+    h = 0x811C9DC5
+    for byte in task_key.encode():
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h % TASK_PARTITIONS
+
+
 def task_subject(task_key: str) -> str:
-    """The subject of a task in TASKS (what the SEEN source transform produces)."""
-    return f"{PREFIX}.tasks.{task_key}"
+    """The subject of a task in TASKS (what the SEEN source transform produces for it)."""
+    return f"{PREFIX}.tasks.{task_partition(task_key)}"
 
 
 def result_subject(task_key: str) -> str:
@@ -176,9 +202,9 @@ MARKER_REASON = "Nats-Marker-Reason"  # on the marker a per-message TTL leaves w
 
 
 def dispatch_msg_id(task_id: str, run_id: str) -> str:
-    """One dispatch run's create of a task. Not the bare task id: TASKS de-duplicates *sourced*
-    messages by this header for its whole window, which would swallow a ``--force`` or a short
-    recrawl after SEEN had accepted it."""
+    """One ``--force`` dispatch run's put of a task (a create needs none: see ``dispatcher``). Not
+    the bare task id: TASKS de-duplicates *sourced* messages by this header for its whole window,
+    which would swallow a later ``--force`` after SEEN had accepted it."""
     return f"{task_id}-{run_id}"
 
 

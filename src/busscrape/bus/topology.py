@@ -39,7 +39,9 @@ _PLACEHOLDER = re.compile(r"^\{([a-z_]+)\.([a-z_]+)\}$")
 # Bucket fields -> the fields of the stream underneath.
 _KV_TO_STREAM = {"ttl": "max_age", "history": "max_msgs_per_subject", "max_value_size": "max_msg_size",
                  "max_bytes": "max_bytes", "storage": "storage", "replicas": "num_replicas",
-                 "description": "description"}
+                 "description": "description", "compression": "compression"}
+# Stream fields a bucket's own create API has no word for: set on the stream right after it.
+STREAM_ONLY = {"compression"}
 _OBJ_TO_STREAM = {"ttl": "max_age", "max_bytes": "max_bytes", "storage": "storage",
                   "replicas": "num_replicas", "description": "description"}
 
@@ -89,7 +91,8 @@ def _definition(kind: Kind, name: str, file: Path, fields: dict[str, Any], strea
     if "sources" in desired:
         desired["sources"] = [_source(s) for s in desired["sources"]]
     config = api.StreamConfig(name=stream, **desired)
-    bucket = _enums({k: v for k, v in fields.items() if k != "bucket"}, {"storage": api.StorageType})
+    bucket = _enums({k: v for k, v in fields.items() if k != "bucket" and k not in STREAM_ONLY},
+                    {"storage": api.StorageType})
     create: Any = config
     if kind == "kv":
         create = api.KeyValueConfig(bucket=name, **bucket)
@@ -98,7 +101,8 @@ def _definition(kind: Kind, name: str, file: Path, fields: dict[str, Any], strea
     return Definition(kind, name, file, fields, stream, managed, config, create)
 
 
-_STREAM_ENUMS = {"retention": api.RetentionPolicy, "storage": api.StorageType, "discard": api.DiscardPolicy}
+_STREAM_ENUMS = {"retention": api.RetentionPolicy, "storage": api.StorageType, "discard": api.DiscardPolicy,
+                 "compression": api.StoreCompression}
 _CONSUMER_ENUMS = {"ack_policy": api.AckPolicy, "deliver_policy": api.DeliverPolicy, "replay_policy": api.ReplayPolicy}
 
 

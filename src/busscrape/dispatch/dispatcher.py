@@ -8,13 +8,18 @@ For each line: parse (``inputs``), normalise the URL (``urls``), compute the tas
    ``Nats-Expected-Last-Subject-Sequence: 0`` (first writer wins) and ``Nats-TTL`` = the recrawl
    window. TASKS sources SEEN, so creating the key IS the enqueue: "marked seen" and "queued"
    cannot come apart, and a re-run after a crash finds everything it published already there;
-3. per publish: ``Nats-Msg-Id: <task_id>-<run_id>`` (``names.dispatch_msg_id``), so a retried
-   publish lands once.
+3. per publish: a retried create lands once because it is a create. "Wrong last sequence" on a
+   first attempt means already seen; on a retry it may be our own lost first attempt, so the
+   stored value is read back and compared with ours (equal: published by this run).
 
 ``--force`` drops the expected-sequence header: a plain put replaces the key and queues the task
-again. Nothing counts as published before its PubAck. "Wrong last sequence" on a first attempt
-means already seen; on a retry it may be our own lost first attempt, so the stored value is read
-back and compared with ours (equal: published by this run).
+again. Only there does a publish carry ``Nats-Msg-Id: <task_id>-<run_id>``
+(``names.dispatch_msg_id``), so that a retried put lands (and is queued) once. A create carries
+none: the id would buy nothing the create does not already settle, and each one cost SEEN and
+TASKS a de-duplication entry for their duplicate windows (~224 B of server RAM per task
+dispatched, issue #19). TASKS needs no id to source each SEEN message once: nats-server tracks
+the last SEEN sequence it sourced (and keeps it across restarts and an emptied TASKS).
+Nothing counts as published before its PubAck.
 """
 
 from __future__ import annotations
@@ -333,9 +338,10 @@ class Dispatcher:
         left to fill in: encoding a headers dict per task cost more than the rest of the send
         (see ``publisher``)."""
         headers = {names.MSG_TTL: str(int(self.recrawl_after))}
-        if not self.force:
+        if self.force:
+            headers[names.MSG_ID] = names.dispatch_msg_id("{task_id}", self.run_id)  # see the module docstring
+        else:
             headers[names.EXPECTED_LAST_SUBJECT_SEQUENCE] = "0"  # create only: first writer wins
-        headers[names.MSG_ID] = names.dispatch_msg_id("{task_id}", self.run_id)
         headers[names.TRACEPARENT] = "{traceparent}"
         return encode_headers(headers)
 

@@ -181,6 +181,12 @@ class StreamSettings(_Section):
     """Redelivery delay of a result whose ingester went silent."""
     max_msg_size: Size = "1MiB"
     """Largest message accepted by TASKS and RESULTS; page bytes travel in ARTIFACTS."""
+    compression: Literal["s2", "none"] = "s2"
+    """Store compression of TASKS, SEEN and STATUS (``s2`` or ``none``): their messages are JSON
+    that repeats itself from task to task: ``s2`` took a queued task from 1,187 B (``/jsz``) to
+    328 B on disk (README: capacity planning) for a little server CPU. Set when a stream is made: a
+    change to an existing one is applied to its configuration, but measured on nats-server 2.15
+    the file store keeps writing as before (``streams apply --recreate`` an empty one)."""
 
 
 class DispatchSettings(_Section):

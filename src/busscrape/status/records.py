@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import nats.errors
 import nats.js.errors
@@ -61,6 +61,10 @@ class TaskStatus(Message):
     error: str | None = None
     archive: str | None = None
     """Where the task's folder (or dead letter) is in the archive."""
+
+    # Three records per finished task, each kept for status_ttl: left out while unset (issue #19).
+    omit_when_default: ClassVar[tuple[str, ...]] = (
+        "url", "dispatched_at", "attempt", "worker", "status", "reason", "error", "archive")
 
 
 class StatusBoard:
