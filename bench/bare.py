@@ -5,14 +5,20 @@ whole page up to the worker's height cap, a HAR without bodies built from networ
 the same per-task isolation (busscrape.tabs: one reused tab per slot, wiped between tasks) and
 the same screenshot call (``Tab.screenshot``), and
 none of the bus: no network-policy proxy, no object store, no result, no archive.
+
+``shared_context_loop`` is the ceiling below that: every page in one shared browser context
+(one page per slot, never wiped: no isolation between pages), HTML and text, a viewport PNG
+screenshot through ``page.screenshot()``, no HAR. What Chromium can render here and little else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
+from typing import Any
 
-from playwright.async_api import async_playwright
+from playwright.async_api import Browser, async_playwright
 
 from busscrape.settings import BrowserSettings, WorkerSettings
 from busscrape.worker.browser.chromium import launch_args, require_chromium
@@ -57,8 +63,36 @@ async def bare_loop(urls: list[str], concurrency: int) -> float:
                 await tab.wipe()
             await tab.close()
 
-        started = time.perf_counter()
-        await asyncio.gather(*(slot() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-        await browser.close()
+        return await _timed(browser, [slot() for _ in range(concurrency)])
+
+
+async def shared_context_loop(urls: list[str], concurrency: int) -> float:
+    """Seconds for ``urls`` in one shared context, viewport screenshot, no HAR (launch excluded)."""
+    browser_settings = BrowserSettings()
+    binary = require_chromium(browser_settings)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=binary.path, args=launch_args(browser_settings))
+        context = await browser.new_context(viewport={"width": 1280, "height": 800})
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        for url in urls:
+            queue.put_nowait(url)
+
+        async def slot() -> None:
+            page = await context.new_page()
+            while not queue.empty():
+                await page.goto(queue.get_nowait(), wait_until="load")
+                await page.evaluate("() => [document.title, document.body.innerText]")
+                await page.content()
+                await page.screenshot()
+            await page.close()
+
+        return await _timed(browser, [slot() for _ in range(concurrency)])
+
+
+async def _timed(browser: Browser, slots: list[Coroutine[Any, Any, None]]) -> float:
+    """Seconds the slots take together; the browser closed after."""
+    started = time.perf_counter()
+    await asyncio.gather(*slots)
+    elapsed = time.perf_counter() - started
+    await browser.close()
     return elapsed

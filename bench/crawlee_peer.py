@@ -9,6 +9,9 @@ It saves each page's HTML and screenshot to Crawlee's key-value store, as a Craw
 takes the screenshot with Playwright's page.screenshot as a Crawlee user would (full page, up to
 the same height cap as busscrape),
 and prints one JSON line: {"pages": N, "seconds": S}.
+
+With ``--defaults`` it is Crawlee as it comes: no context options (its fingerprint generator
+picks the viewport), and ``page.screenshot()``, the viewport only.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ async def main() -> None:
     parser.add_argument("--chromium", default=None)
     parser.add_argument("--cap", type=int, default=4096, help="screenshot height cap, as busscrape's")
     parser.add_argument("--args", default="", help="Chromium switches, space-separated")
+    parser.add_argument("--defaults", action="store_true", help="Crawlee's defaults: a viewport screenshot")
     args = parser.parse_args()
     os.environ.setdefault("CRAWLEE_STORAGE_DIR", tempfile.mkdtemp(prefix="crawlee-bench-"))
 
@@ -45,7 +49,7 @@ async def main() -> None:
     crawler = PlaywrightCrawler(
         headless=True,
         browser_launch_options=launch,
-        browser_new_context_options={"viewport": {"width": 1280, "height": 800}},
+        browser_new_context_options=None if args.defaults else {"viewport": {"width": 1280, "height": 800}},
         concurrency_settings=ConcurrencySettings(min_concurrency=args.concurrency,
                                                  max_concurrency=args.concurrency,
                                                  desired_concurrency=args.concurrency),
@@ -59,7 +63,9 @@ async def main() -> None:
         page = context.page
         html = await page.content()
         height = await page.evaluate("() => document.documentElement.scrollHeight")
-        if height <= args.cap:
+        if args.defaults:
+            shot = await page.screenshot()
+        elif height <= args.cap:
             shot = await page.screenshot(full_page=True)
         else:
             await page.set_viewport_size({"width": 1280, "height": args.cap})

@@ -9,7 +9,12 @@ In one run, on the same pages of bench/site.py and the same concurrency (C pages
     reusable-tab scheme, busscrape.tabs) and nothing else: no bus, no network-policy proxy, no
     object store, no archive — the practical limit;
 (c) Crawlee for Python's PlaywrightCrawler doing HTML + screenshot with the same Chromium and
-    concurrency (run from a separate venv, see bench/crawlee_peer.py).
+    concurrency (run from a separate venv, see bench/crawlee_peer.py);
+(d) the ceiling: a bare Playwright loop with every page in one shared context, HTML, text and a
+    viewport screenshot, no isolation, no HAR (bench/bare.py's ``shared_context_loop``);
+(e) Crawlee with its defaults: HTML and a viewport screenshot (``crawlee_peer.py --defaults``);
+(a') ``busscrape run --no-full-page``: a viewport screenshot, like (d) and (e), still with HAR,
+    text, isolation and the archive.
 
 Then a latency phase: tasks dispatched one at a time, slower than the fleet can render, so
 none waits in the queue; the bus overhead of a task is dispatch→archived minus its render time.
@@ -32,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bare import CAP, bare_loop
+from bench.bare import CAP, bare_loop, shared_context_loop
 from bench.benchsite import ORIGINS, BenchSite
 from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
@@ -57,13 +62,13 @@ def settings_for(workdir: Path, concurrency: int, nats_url: str | None = None) -
 # -- (a) busscrape run ------------------------------------------------------------------------
 
 
-def busscrape_run(urls_file: Path, workdir: Path, concurrency: int) -> float:
+def busscrape_run(urls_file: Path, workdir: Path, concurrency: int, *flags: str) -> float:
     """Pages/s of `busscrape run`, first dispatch to last archive."""
     from busscrape.settings import settings_env
 
     env = settings_env(settings_for(workdir, concurrency))
     workdir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "busscrape", "run", str(urls_file), "--workers", "1"],
+    proc = subprocess.run([sys.executable, "-m", "busscrape", "run", str(urls_file), "--workers", "1", *flags],
                           env=env, cwd=workdir, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"busscrape run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -94,10 +99,10 @@ async def _span_from_status(workdir: Path) -> float:
 # -- (c) Crawlee --------------------------------------------------------------------------------
 
 
-def crawlee(urls_file: Path, concurrency: int, python: str) -> float:
+def crawlee(urls_file: Path, concurrency: int, python: str, *flags: str) -> float:
     binary = require_chromium(BrowserSettings())
     cmd = [python, str(ROOT / "bench" / "crawlee_peer.py"), str(urls_file), "--concurrency", str(concurrency),
-           "--cap", str(CAP), "--args", " ".join(launch_args(BrowserSettings()))]
+           "--cap", str(CAP), "--args", " ".join(launch_args(BrowserSettings())), *flags]
     if binary.path:
         cmd += ["--chromium", binary.path]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
@@ -163,6 +168,12 @@ async def latency(urls: list[str], workdir: Path, concurrency: int, every: float
     return phases
 
 
+# Ratio name -> (numerator, denominator) of the runs above; the issues' targets beside them.
+RATIOS = {"a/b": ("a", "b"), "a/c": ("a", "c"), "a/e": ("a", "e"), "a'/d": ("a'", "d"), "a'/e": ("a'", "e"),
+          "a'/c": ("a'", "c"), "d/e": ("d", "e")}
+TARGETS = {"a/b": 0.9, "a/e": 1.3, "a'/d": 0.8, "a'/e": 2.0}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -183,28 +194,34 @@ def main() -> None:
         tmpdir = Path(tmp)
         urls = site.urls(args.pages)
         asyncio.run(bare_loop(urls[:8], args.concurrency))  # warm disk caches and the site's page cache
-        ratios_b, ratios_c = [], []
+        ratios: dict[str, list[float]] = {}
         for r in range(args.rounds):
             urls_file = tmpdir / f"urls-{r}.txt"
             # Each round scrapes fresh URLs for busscrape (no "already seen"); same pages otherwise.
             urls_file.write_text("".join(f"{u}&round={r}\n" for u in urls))
-            bare = len(urls) / asyncio.run(bare_loop(urls, args.concurrency))
-            peer = crawlee(urls_file, args.concurrency, args.crawlee_python) \
-                if Path(args.crawlee_python).exists() else None
-            bus = busscrape_run(urls_file, tmpdir / f"run-{r}", args.concurrency)
-            ratios_b.append(bus / bare)
-            if peer:
-                ratios_c.append(bus / peer)
-            peer_text = f"(c) Crawlee {peer:.2f}  a/c={bus / peer:.2f}" if peer else "(c) Crawlee not installed"
-            print(f"round {r + 1}: (a) busscrape {bus:.2f} pages/s  (b) bare Playwright {bare:.2f}  "
-                  f"a/b={bus / bare:.2f}  {peer_text}", flush=True)
+            rate = {"b": len(urls) / asyncio.run(bare_loop(urls, args.concurrency)),
+                    "d": len(urls) / asyncio.run(shared_context_loop(urls, args.concurrency))}
+            if Path(args.crawlee_python).exists():
+                rate["c"] = crawlee(urls_file, args.concurrency, args.crawlee_python)
+                rate["e"] = crawlee(urls_file, args.concurrency, args.crawlee_python, "--defaults")
+            rate["a"] = busscrape_run(urls_file, tmpdir / f"run-{r}", args.concurrency)
+            urls_file.write_text("".join(f"{u}&round={r}v\n" for u in urls))
+            rate["a'"] = busscrape_run(urls_file, tmpdir / f"run-{r}v", args.concurrency, "--no-full-page")
+            pairs = {k: rate[x] / rate[y] for k, (x, y) in RATIOS.items() if x in rate and y in rate}
+            for k, v in pairs.items():
+                ratios.setdefault(k, []).append(v)
+            print(f"round {r + 1}: " + "  ".join(f"({k}) {v:.2f}" for k, v in rate.items()) + " pages/s  "
+                  + "  ".join(f"{k}={v:.2f}" for k, v in pairs.items()), flush=True)
+        if ratios:
+            print(f"pages={args.pages} concurrency={args.concurrency}: medians "
+                  + ", ".join(f"{k}={statistics.median(v):.2f}" + (f" (target >= {TARGETS[k]})" if k in TARGETS else "")
+                              for k, v in ratios.items()))
+        if not args.latency_tasks:
+            return
         warm = args.latency_warmup
         phases = asyncio.run(latency(site.urls(warm + args.latency_tasks + 1000)[1000:], tmpdir / "latency",
                                      args.concurrency, args.latency_every, warmup=warm))
         overheads, warmups = phases.pop("overhead"), phases.pop("warm-up")
-        if ratios_b:
-            print(f"pages={args.pages} concurrency={args.concurrency}: median a/b={statistics.median(ratios_b):.2f} "
-                  f"(target >= 0.9)" + (f", a/c={statistics.median(ratios_c):.2f} (target >= 1.2)" if ratios_c else ""))
         print(f"bus overhead per task over {len(overheads)} tasks: p50={percentile(overheads, 0.5):.0f} ms "
               f"(target <= 50), p99={percentile(overheads, 0.99):.0f} ms (target <= 250); p50 by phase: "
               + ", ".join(f"{name} {percentile(values, 0.5):.0f} ms" for name, values in phases.items())

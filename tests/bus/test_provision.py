@@ -143,3 +143,22 @@ async def test_a_new_key_in_seen_is_queued_in_tasks_once_and_outlives_its_ttl(ap
     await asyncio.sleep(2.2)  # the SEEN key expires; the queued task must not
     assert (await js.stream_info(names.SEEN_STREAM)).state.messages == 0
     assert (await js.stream_info(names.TASKS_STREAM)).state.messages == 1
+
+
+
+async def test_require_with_wait_waits_for_streams_applied_meanwhile(bus, settings):
+    definitions = topology.load(settings)
+    with pytest.raises(StreamsMissing):  # a wait that runs out still says what is missing
+        await provision.require(bus.js, definitions, names.WORKER_NEEDS, wait=0.2)
+
+    applying = asyncio.Event()
+
+    async def apply_later() -> None:
+        await asyncio.sleep(0.3)
+        applying.set()
+        await provision.apply(bus.js, definitions)
+
+    later = asyncio.create_task(apply_later())
+    await provision.require(bus.js, definitions, names.WORKER_NEEDS, wait=60)
+    assert applying.is_set()  # it returned only once they were there
+    await later

@@ -190,3 +190,13 @@ async def test_storage_a_cross_site_frame_left_is_invisible_to_the_next_task(wbu
     await render_in_turn(wbus, wsettings, site, isolation, {
         "/top-set": framing(site.url("/frame-set", host=1)), "/top-get": framing(site.url("/frame-get", host=1))})
     assert reports == [{"local": None, "idb": []}]
+
+
+async def test_prewarm_with_ready_returns_at_the_first_tab_and_tasks_get_the_rest_as_they_open():
+    async with BrowserPool(BrowserSettings(), proxy_url=None, recycle_after_tasks=1000, recycle_rss=2**40) as pool:
+        await pool.prewarm(3, ready=1)
+        assert pool.contexts >= 1
+        async with asyncio.timeout(60), pool.tab() as a, pool.tab() as b, pool.tab() as c:
+            assert len({a, b, c}) == 3
+            # The tasks waited for the tabs being opened instead of opening their own.
+            assert pool.contexts == 3

@@ -29,9 +29,10 @@ from busscrape.bus.connection import Bus
 from busscrape.bus.retry import TRANSIENT
 from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
 from busscrape.dispatch.inputs import InputFormat, Rejection, Source, TaskDefaults
+from busscrape.errors import ConfigurationError
 from busscrape.model.messages import utcnow
 from busscrape.ops.lifeline import PidFiles
-from busscrape.ops.nats_server import EmbeddedNatsServer
+from busscrape.ops.nats_server import EmbeddedNatsServer, free_port
 from busscrape.ops.supervisor import Daemons
 from busscrape.settings import Settings
 from busscrape.status.tracker import Tracker
@@ -43,6 +44,7 @@ RUN_HINT = ("Start that server or fix the URL (--nats-url, BUSSCRAPE_NATS__URL);
             "starts an embedded nats-server itself")
 LETTERS_TIMEOUT = 60.0  # seconds a finished run waits for its dead letters to reach the archive
 NATS_PID = "nats-server"  # the embedded server's pid file
+STREAMS_WAIT = 60.0  # seconds the daemons of a run wait for the streams the run is applying
 
 
 @dataclass
@@ -151,28 +153,20 @@ class Runner:
                 # What a run that was killed left on this state dir (its run gone) goes first.
                 for name in await asyncio.to_thread(self.pids.stop_leftovers):
                     log.warning("run.leftover_stopped", name=name)
+            daemons = None
             if embedded:
-                server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary,
-                                            die_with_parent=True)
-                # Started from this (the loop's) thread: its parent-death signal follows the forking thread.
-                server.start()
-                assert server.process is not None
-                self.pids.record(NATS_PID, server.process.pid)
-                stack.callback(self.pids.remove, NATS_PID)
-                stack.callback(server.stop)
-                settings = settings.with_overrides(nats={"url": server.url})
-                log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
+                settings, daemons = await self._embedded(stack, settings)
             bus = await stack.enter_async_context(await Bus.connect(settings, name="busscrape-run", hint=RUN_HINT))
             definitions = topology.load(settings)
             if embedded:
                 await provision.apply(bus.js, definitions)
             else:
                 await provision.require(bus.js, definitions, names.REQUIRED)
+            log.info("run.streams_applied")
             tracker = Tracker(bus.js)
             await tracker.start()
             stack.push_async_callback(tracker.stop)
-            daemons = None
-            if embedded or self.options.with_daemons:
+            if daemons is None and self.options.with_daemons:
                 daemons = Daemons(settings, workers=self.options.workers)
                 await stack.enter_async_context(daemons)
             summary = await self._dispatch(bus, settings, tracker)
@@ -193,6 +187,45 @@ class Runner:
                               interrupted=self._stop.is_set(),
                               failed_daemons=daemons.failed() if daemons else [], letters_unarchived=unfiled,
                               locations=locations, earlier=earlier)
+
+    async def _embedded(self, stack: AsyncExitStack, settings: Settings) -> tuple[Settings, Daemons]:
+        """The embedded nats-server and the local daemons, started side by side: the daemons'
+        start (Python, Chromium) is the longest part of a run's first second, so they are
+        spawned first, on the port the server is about to listen on, and wait for the streams
+        (``--wait-streams``) while the server starts and the run applies them."""
+        for attempt in (1, 2):
+            # The second time, should another process have taken the chosen port in between:
+            # the server picks its own, and the daemons start after it.
+            early = attempt == 1
+            server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary,
+                                        die_with_parent=True, port=free_port("127.0.0.1") if early else None)
+            # Registered before the daemons: the server stops after them (they drain through it).
+            stack.callback(self.pids.remove, NATS_PID)
+            stack.callback(server.stop)
+            daemons = None
+            if early:
+                daemons = Daemons(settings.with_overrides(nats={"url": server.url}), workers=self.options.workers,
+                                  wait_streams=STREAMS_WAIT)
+                await stack.enter_async_context(daemons)
+            try:
+                # Started from this (the loop's) thread: its parent-death signal follows the forking thread.
+                server.start()
+            except ConfigurationError as exc:
+                if not early:
+                    raise
+                log.warning("run.embedded_nats_retry", port=server.port, error=str(exc).splitlines()[0])
+                assert daemons is not None
+                await daemons.stop(grace=0.5)
+                continue
+            assert server.process is not None
+            self.pids.record(NATS_PID, server.process.pid)
+            settings = settings.with_overrides(nats={"url": server.url})
+            log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
+            if daemons is None:
+                daemons = Daemons(settings, workers=self.options.workers, wait_streams=STREAMS_WAIT)
+                await stack.enter_async_context(daemons)
+            return settings, daemons
+        raise AssertionError("unreachable")
 
     async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
         since = utcnow()

@@ -45,8 +45,6 @@ from busscrape.extract.pool import ExtractionPool
 from busscrape.extract.registry import Registry
 from busscrape.model.messages import ArtifactRef, Extraction, ScrapeResult, ScrapeTask, decode, utcnow
 from busscrape.model.steps import Evaluate
-from busscrape.net.egress import EgressProxy
-from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
 from busscrape.status.records import StatusBoard, Transitions
 from busscrape.status.standing import objects_of, standing_results
@@ -61,6 +59,7 @@ from busscrape.worker.politeness import HostGate
 from busscrape.worker.reaper import Reaper
 from busscrape.worker.render import Renderer
 from busscrape.worker.results import ResultPublisher
+from busscrape.worker.startup import BrowserStart
 
 log = structlog.get_logger("busscrape.worker")
 
@@ -70,12 +69,15 @@ class Worker(PullService):
     stream = names.TASKS_STREAM
     durable = names.WORKERS_CONSUMER
 
-    def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry | None = None) -> None:
+    def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry | None = None,
+                 browser: BrowserStart | None = None) -> None:
         w = settings.worker
         super().__init__(bus, concurrency=w.concurrency, max_items=w.max_tasks, exit_when_idle=w.exit_when_idle,
                          grace_period=w.grace_period, telemetry=telemetry)
         self.settings = settings
-        self.policy = NetworkPolicy.from_settings(settings.network.allow)
+        # The browser side, perhaps already coming up (started before NATS was connected).
+        self.browser = browser or BrowserStart(settings)
+        self.policy = self.browser.policy
         self.gate = HostGate(w.host_concurrency, w.host_delay)
         self.attempts = AttemptLog(bus.js)
         self.artifacts = ArtifactStore(bus.js, timeout=settings.nats.request_timeout)
@@ -95,12 +97,8 @@ class Worker(PullService):
     # -- lifecycle --------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        egress = await self._stack.enter_async_context(EgressProxy(self.policy))
         w = self.settings.worker
-        self.pool = await self._stack.enter_async_context(
-            BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
-                        recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses,
-                        tab_wipe_delay=w.tab_wipe_delay, idle_tabs=w.concurrency))
+        egress, self.pool = await self._stack.enter_async_context(self.browser)
         await self._stack.enter_async_context(self.results)
         if self.extractors:
             x = self.settings.extract
@@ -108,7 +106,6 @@ class Worker(PullService):
                 ExtractionPool(self.extractors, processes=x.processes, timeout=x.timeout, max_memory=x.max_memory))
         log.info("worker.extractors", folder=str(self.settings.extract.dir), names=sorted(self.extractors))
         self.renderer = Renderer(self.pool, self.policy, egress, w)
-        await self.pool.prewarm(w.concurrency)
         if self.telemetry is not None:
             pool, room = self.pool, self.room
             self.telemetry.gauge("browser_restarts", lambda: [(pool.restarts, {})])

@@ -179,14 +179,33 @@ class BrowserPool:
             else:
                 await self._retire(tab)
 
-    async def prewarm(self, count: int) -> None:
-        """Open ``count`` tabs ahead of the first tasks (a new tab costs a renderer start)."""
-        if self.isolation != "tab":
+    async def prewarm(self, count: int, *, ready: int | None = None) -> None:
+        """Open ``count`` tabs ahead of the first tasks (a new tab costs a renderer start).
+
+        With ``ready``, return once that many are open and let the others open in the
+        background: a worker's first task needs one tab, and on a small machine four renderers
+        starting at once take several times as long as one. A task that finds no tab ready
+        waits for one of those (as for a wipe) instead of opening its own."""
+        if self.isolation != "tab" or count < 1:
             return
         browser = await self._ensure()
+        first = min(count, ready if ready is not None else count)
         opened = await asyncio.gather(*(Tab.open(browser, user_agent=None, generation=self.restarts)
-                                        for _ in range(count)), return_exceptions=True)
+                                        for _ in range(first)), return_exceptions=True)
         self._tabs.setdefault(None, []).extend(t for t in opened if isinstance(t, Tab))
+        for _ in range(count - first):
+            warming = asyncio.create_task(self._warm(browser))
+            self._wiping.add(warming)  # on its way to the shelf, like a tab being wiped
+            warming.add_done_callback(self._wiping.discard)
+
+    async def _warm(self, browser: Browser) -> None:
+        try:
+            tab = await Tab.open(browser, user_agent=None, generation=self.restarts)
+        except PlaywrightError as exc:
+            log.warning("tab.prewarm_failed", error=exc.message[:200])
+            return
+        for old in self._shelve(tab):
+            await old.close()
 
     async def _idle_tab(self, user_agent: str | None) -> Tab | None:
         while True:
