@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--py-spy", action="store_true")
+    parser.add_argument("--raw-out", default=None, help="keep py-spy's raw stacks here")
     parser.add_argument("--no-full-page", action="store_true", help="busscrape with a viewport screenshot, like (d)")
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[1]
@@ -164,22 +165,25 @@ def main() -> None:
             spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
             cmd = [spy, "record", "--subprocesses", "--rate", "50", "--format", "raw", "-o", str(raw), "--", *cmd]
         run_s, run_cpu, _ = profiled(cmd, {**env, **settings_env(settings)}, workdir)
-    pages = len(urls)
-    print(f"{pages} pages, {args.concurrency} at a time; (d) shared-context loop {loop_s:.1f} s wall, "
-          f"busscrape run {run_s:.1f} s wall (start-up included{', under py-spy' if args.py_spy else ''})")
-    print(f"{'CPU ms per page':28} {'(d)':>8} {'busscrape':>10}")
-    for kind in sorted(set(loop_cpu) | set(run_cpu), key=lambda k: -run_cpu.get(k, 0)):
-        if kind == "py-spy":
-            continue
-        print(f"{kind:28} {1000 * loop_cpu.get(kind, 0) / pages:8.0f} {1000 * run_cpu.get(kind, 0) / pages:10.0f}")
-    total_d = sum(v for k, v in loop_cpu.items() if k != "py-spy")
-    total_b = sum(v for k, v in run_cpu.items() if k != "py-spy")
-    print(f"{'total':28} {1000 * total_d / pages:8.0f} {1000 * total_b / pages:10.0f}  ratio {total_b / total_d:.2f}")
-    if args.py_spy and raw.exists():
-        for role in ("worker", "ingester"):
-            print(f"py-spy, busscrape {role}: leaf frames with the most samples")
-            for frame, share in top_functions(raw, role):
-                print(f"  {share:5.1f}%  {frame}")
+        pages = len(urls)
+        print(f"{pages} pages, {args.concurrency} at a time; (d) shared-context loop {loop_s:.1f} s wall, "
+              f"busscrape run {run_s:.1f} s wall (start-up included{', under py-spy' if args.py_spy else ''})")
+        print(f"{'CPU ms per page':28} {'(d)':>8} {'busscrape':>10}")
+        for kind in sorted(set(loop_cpu) | set(run_cpu), key=lambda k: -run_cpu.get(k, 0)):
+            if kind == "py-spy":
+                continue
+            print(f"{kind:28} {1000 * loop_cpu.get(kind, 0) / pages:8.0f} {1000 * run_cpu.get(kind, 0) / pages:10.0f}")
+        total_d = sum(v for k, v in loop_cpu.items() if k != "py-spy")
+        total_b = sum(v for k, v in run_cpu.items() if k != "py-spy")
+        print(f"{'total':28} {1000 * total_d / pages:8.0f} {1000 * total_b / pages:10.0f}  "
+              f"ratio {total_b / total_d:.2f}")
+        if args.py_spy and raw.exists():
+            if args.raw_out:
+                shutil.copy(raw, args.raw_out)
+            for role in ("worker", "ingester"):
+                print(f"py-spy, busscrape {role}: leaf frames with the most samples")
+                for frame, share in top_functions(raw, role):
+                    print(f"  {share:5.1f}%  {frame}")
 
 
 if __name__ == "__main__":
