@@ -130,9 +130,11 @@ def top_functions(raw: Path, role: str, count: int = 12) -> list[tuple[str, floa
     total = 0
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, n = line.rpartition(" ")
-        if f"busscrape {role}" not in stack.split(";", 1)[0] or not n.isdigit():
-            continue
         frames = stack.split(";")
+        # --subprocesses roots each stack in its processes, parent first: the last one is its own.
+        own = [f for f in frames if f.startswith("process ")][-1:]
+        if not own or f"busscrape {role}" not in own[0] or not n.isdigit():
+            continue
         total += int(n)
         leaves[frames[-1]] += int(n)
     return [(frame, 100 * n / total) for frame, n in leaves.most_common(count)] if total else []

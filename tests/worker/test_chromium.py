@@ -109,3 +109,29 @@ def _ip_literal(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _driver_starts(monkeypatch) -> list[int]:
+    """Count the starts of Playwright's driver that ``playwright_chromium`` asks for."""
+    import playwright.sync_api
+
+    starts: list[int] = []
+
+    def sync_playwright():  # the driver is not started: only whether it would have been matters
+        starts.append(1)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(playwright.sync_api, "sync_playwright", sync_playwright)
+    return starts
+
+
+def test_without_any_playwright_download_its_driver_is_not_started_to_look(monkeypatch, tmp_path):
+    from busscrape.worker.browser.chromium import playwright_chromium
+
+    starts = _driver_starts(monkeypatch)
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", str(tmp_path))
+    assert playwright_chromium() is None
+    assert starts == []
+    (tmp_path / "chromium-1234").mkdir()  # a download: only the driver knows whether it is its revision
+    assert playwright_chromium() is None
+    assert starts == [1]

@@ -65,8 +65,26 @@ class ChromiumBinary:
     headless shell when headless."""
 
 
+def playwright_browsers() -> Path:
+    """Where ``playwright install`` puts browsers (``PLAYWRIGHT_BROWSERS_PATH``, ``0`` meaning
+    inside the package, else the user's cache), as Playwright's registry resolves it."""
+    configured = os.environ.get("PLAYWRIGHT_BROWSERS_PATH")
+    if configured == "0":
+        import playwright
+
+        return Path(playwright.__file__).parent / "driver" / "package" / ".local-browsers"
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ms-playwright"
+
+
 def playwright_chromium() -> str | None:
     """Playwright's downloaded Chromium, when it is on disk."""
+    # Only Playwright's driver knows the revision it wants, and starting it costs a node process
+    # (seconds on a busy machine, on every worker's start): without any Chromium download where
+    # it keeps them, there is nothing to ask it about.
+    if not any(playwright_browsers().glob("chromium*")):
+        return None
     try:
         from playwright.sync_api import sync_playwright
 
