@@ -204,8 +204,11 @@ class Runner:
             stack.callback(server.stop)
             daemons = None
             if early:
-                daemons = Daemons(settings.with_overrides(nats={"url": server.url}), workers=self.options.workers,
-                                  wait_streams=STREAMS_WAIT)
+                # They may try before the server listens: give their first connection as long as
+                # the server has to become ready (a refused one would be a configuration error).
+                patient = max(settings.nats.connect_timeout, server.ready_timeout)
+                daemons = Daemons(settings.with_overrides(nats={"url": server.url, "connect_timeout": patient}),
+                                  workers=self.options.workers, wait_streams=STREAMS_WAIT)
                 await stack.enter_async_context(daemons)
             try:
                 # Started from this (the loop's) thread: its parent-death signal follows the forking thread.
