@@ -8,7 +8,7 @@ demo:
 test:
 	@scripts/bootstrap.sh test
 	@.venv/bin/ruff check src tests bench
-	@.venv/bin/python -m pytest -q -ra
+	@BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra  # CI must not skip the PostgreSQL tests
 
 lint:
 	@.venv/bin/ruff check src tests bench

@@ -63,7 +63,8 @@ async def test_health_and_the_openapi_document_need_no_token(api):
         assert await call(anonymous, "GET", "/healthz") == (200, {"status": "ok", "nats": True})
         status, doc = await call(anonymous, "GET", "/openapi.json")
         assert status == 200 and doc["openapi"].startswith("3.1")
-        assert set(doc["paths"]) == {"/tasks", "/tasks/{task_id}", "/search", "/healthz"}
+        assert set(doc["paths"]) == {"/tasks", "/tasks/{task_id}", "/crawls", "/crawls/{crawl_id}", "/search",
+                                     "/healthz"}
         assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
         assert doc["components"]["schemas"]["TaskRequest"]["properties"]["urls"]["maxItems"] == 50
 

@@ -16,6 +16,7 @@ from busscrape.archive.storage.local import PARTIAL_DIR, WRITE_BUFFER, FileStora
 from busscrape.archive.storage.s3 import S3Storage, endpoint_of
 from busscrape.errors import ArtifactUnusable, AuthenticationFailed, ConfigurationError, StorageUnavailable
 from busscrape.settings import Settings
+from tests.support.bus import wait_until
 from tests.support.net import free_port
 from tests.support.s3 import S3Server
 
@@ -177,7 +178,11 @@ async def test_file_writes_are_atomic_and_temporary_files_stay_hidden(tmp_path):
 
     async with FileStorage(tmp_path) as store:
         writing = asyncio.create_task(store.put("dt=x/t/page.html", slow(), content_type="text/html"))
-        await asyncio.sleep(0.2)
+        async def mid_write() -> bool:  # the first buffer is in the partial file; the rest is held back
+            partials = list((tmp_path / PARTIAL_DIR).iterdir()) if (tmp_path / PARTIAL_DIR).exists() else []
+            return any(p.stat().st_size >= len(first) for p in partials)
+
+        await wait_until(mid_write, timeout=30, every=0.01)
         assert not (tmp_path / "dt=x" / "t" / "page.html").exists()  # nothing under the key mid-write
         assert len(list((tmp_path / PARTIAL_DIR).iterdir())) == 1  # the write in progress, out of sight
         assert await store.keys() == []

@@ -8,6 +8,7 @@ import pytest
 from busscrape.bus import names
 from busscrape.bus.consumer import PullService
 from busscrape.errors import StreamsMissing
+from tests.support.bus import wait_until
 
 
 class Recorder(PullService):
@@ -59,10 +60,10 @@ async def test_works_through_the_queue_within_its_concurrency(applied):
 
 async def test_fetches_only_for_free_slots(applied):
     await queue(applied.js, *[f"m{i}".encode() for i in range(10)])
-    svc = Recorder(applied, concurrency=2, delay=1.0, max_items=10)
+    svc = Recorder(applied, concurrency=2, delay=60, max_items=10)  # both slots stay busy
     async with svc:
         runner = asyncio.create_task(svc.run())
-        await asyncio.sleep(0.5)
+        await wait_until(lambda: asyncio.sleep(0, svc.in_flight == 2), timeout=30)
         num_pending, ack_pending = await pending(applied.js)
         assert ack_pending == 2 and num_pending == 8  # the rest stays available to other workers
         svc.stop()
@@ -92,22 +93,20 @@ async def test_heartbeats_keep_a_long_message_from_being_redelivered(applied, se
 
 
 async def test_graceful_stop_hands_unfinished_work_back_at_once(applied):
+    # A 10-minute ack_wait: whatever comes back within the test was nak'ed, however slow the stop.
+    info = await applied.js.consumer_info(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+    await applied.js.add_consumer(names.TASKS_STREAM, info.config.evolve(ack_wait=600.0, backoff=None))
     await queue(applied.js, b"a", b"b")
     svc = Recorder(applied, concurrency=2, delay=60, grace_period=0.5)
     async with svc:
         runner = asyncio.create_task(svc.run())
-        for _ in range(50):
-            if svc.in_flight == 2:
-                break
-            await asyncio.sleep(0.1)
-        started = time.monotonic()
+        await wait_until(lambda: asyncio.sleep(0, svc.in_flight == 2), timeout=30)
         svc.stop()
-        counters = await asyncio.wait_for(runner, 20)
-    assert time.monotonic() - started < 5
+        counters = await asyncio.wait_for(runner, 20)  # the handlers' 60 s were not waited for
     assert counters["released"] == 2
     # Back in the queue at once (not after ack_wait): another worker fetches both right away.
     sub = await applied.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
-    again = await sub.fetch(2, timeout=3)
+    again = await sub.fetch(2, timeout=10)
     assert sorted(m.data for m in again) == [b"a", b"b"]
     assert all(m.metadata.num_delivered == 2 for m in again)
 

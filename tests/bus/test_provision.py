@@ -9,6 +9,7 @@ import pytest
 
 from busscrape.bus import names, provision, topology
 from busscrape.errors import StreamConflict, StreamsMissing
+from tests.support.bus import wait_until
 
 
 async def test_apply_creates_everything_with_the_configured_values(bus, settings):
@@ -134,16 +135,15 @@ async def test_a_new_key_in_seen_is_queued_in_tasks_once_and_outlives_its_ttl(ap
     await js.publish(names.seen_key_subject("k1"), b"task-1", headers=dict(headers))
     with pytest.raises(Exception, match="wrong last sequence"):
         await js.publish(names.seen_key_subject("k1"), b"task-1", headers=dict(headers))
-    for _ in range(50):
-        if (await js.stream_info(names.TASKS_STREAM)).state.messages == 1:
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: _messages(js, names.TASKS_STREAM, 1), timeout=30)
     msg = await js.get_last_msg(names.TASKS_STREAM, names.task_subject("k1"))
     assert msg.data == b"task-1"
-    await asyncio.sleep(2.2)  # the SEEN key expires; the queued task must not
-    assert (await js.stream_info(names.SEEN_STREAM)).state.messages == 0
-    assert (await js.stream_info(names.TASKS_STREAM)).state.messages == 1
+    await wait_until(lambda: _messages(js, names.SEEN_STREAM, 0), timeout=30)  # the SEEN key expires ...
+    assert (await js.stream_info(names.TASKS_STREAM)).state.messages == 1  # ... the queued task must not
 
+
+async def _messages(js, stream: str, n: int) -> bool:
+    return (await js.stream_info(stream)).state.messages == n
 
 
 async def test_require_with_wait_waits_for_streams_applied_meanwhile(bus, settings):

@@ -67,7 +67,7 @@ def test_steps_errors_show_the_real_message(steps, line):
 
 def test_task_with_a_bad_spec_blames_the_spec_not_the_url():
     result = busscrape("task", "https://example.com/", "--spec", '{"artifacts": ["htm"]}')
-    assert_told(result, "--spec: artifacts.0: Input should be 'html', 'screenshot', 'har' or 'text'")
+    assert_told(result, "--spec: artifacts.0: Input should be 'html', 'screenshot', 'har', 'text' or 'warc'")
     assert "reject it as a URL" not in result.stderr
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import subprocess
 from datetime import timedelta
 
 import orjson
 import pytest
 from aiohttp import web
+from nats.js.errors import NoKeysError
 
 from busscrape.archive.storage import open_storage
 from busscrape.bus import names
@@ -78,6 +80,7 @@ async def seqs_of(js) -> set[int]:
     return {m.seq for m in await stream_messages(js, names.DEADLETTER_STREAM)}
 
 
+@pytest.mark.slow  # eleven CLI processes at once: ~25 s on two loaded cores
 async def test_list_filters_select_the_right_letters(applied, settings, letters):
     cases = {
         (): set(letters),
@@ -92,7 +95,9 @@ async def test_list_filters_select_the_right_letters(applied, settings, letters)
         ("--stage", "worker", "--newer-than", "1h"): {"recent_500", "poison"},
         ("--limit", "2"): {"old_404", "recent_500"},
     }
+    listing_started = utcnow()
     procs = await asyncio.gather(*(busscrape(settings.nats.url, "dlq", "list", "--json", *args) for args in cases))
+    listing_done = utcnow()
     for (args, expected), proc in zip(cases.items(), procs, strict=True):
         assert proc.returncode == 0, proc.stderr
         rows = [orjson.loads(line) for line in proc.stdout.splitlines()]
@@ -101,7 +106,13 @@ async def test_list_filters_select_the_right_letters(applied, settings, letters)
     assert [r["seq"] for r in everything] == sorted(letters.values())  # oldest first
     by_seq = {r["seq"]: r for r in everything}
     assert by_seq[letters["recent_500"]]["attempts"] == 3 and by_seq[letters["recent_500"]]["replayable"]
-    assert 590 <= by_seq[letters["recent_500"]]["age_seconds"] <= 700
+    # dead 10 minutes before the fixture's clock: its age as listed lies between the ages at the
+    # start and at the end of the listing (however long the CLI processes took to start)
+    recent_dead_at = decode(DeadLetter, (await applied.js.get_msg(names.DEADLETTER_STREAM,
+                                                                  letters["recent_500"])).data).dead_at
+    age = by_seq[letters["recent_500"]]["age_seconds"]
+    assert int((listing_started - recent_dead_at).total_seconds()) - 1 <= age
+    assert age <= (listing_done - recent_dead_at).total_seconds() + 1
     assert by_seq[letters["unreadable"]]["reason"] == "unreadable_letter"
     assert by_seq[letters["unreadable"]]["stage"] == "dispatch"
 
@@ -192,7 +203,7 @@ async def test_replay_requeues_letters_with_a_task_and_skips_the_others_with_the
 async def _keys(js) -> list[str]:
     try:
         return await (await js.key_value(names.ATTEMPTS_BUCKET)).keys()
-    except Exception:  # nats-py raises NoKeysError on an empty bucket
+    except NoKeysError:  # nats-py's answer for an empty bucket; a missing bucket is a failure
         return []
 
 
@@ -246,3 +257,84 @@ async def test_list_and_show_print_what_a_page_wrote_as_text(applied, settings):
     assert listed.returncode == 0 and shown.returncode == 0, (listed.stderr, shown.stderr)
     assert "/[bold]x[/]" in listed.stdout and "\x1b" not in listed.stdout  # the URL as it is
     assert shown_safely(shown.stdout), shown.stdout
+
+
+async def test_a_replay_run_again_after_a_crash_between_its_puback_and_the_delete_queues_the_task_once(
+        applied, settings, letters):
+    import nats.errors
+
+    from busscrape.deadletters.queue import DeadLetterQueue
+
+    js = applied.js
+    dlq = DeadLetterQueue(js)
+    entry = await dlq.get(letters["recent_500"])
+
+    async def lost(*args, **kwargs):
+        raise nats.errors.TimeoutError  # the PubAck came; then the process was gone before the delete
+
+    js.delete_msg, delete = lost, js.delete_msg
+    try:
+        first = await dlq.replay(entry)
+    finally:
+        js.delete_msg = delete
+    assert first.action == "failed" and "does not queue it twice" in first.detail
+    assert letters["recent_500"] in await seqs_of(js) and await count(js, names.TASKS_STREAM) == 1
+    again = await dlq.replay(await dlq.get(letters["recent_500"]))  # the operator runs it again
+    assert again.action == "replayed" and again.detail == "already queued by an earlier replay of this letter"
+    assert await count(js, names.TASKS_STREAM) == 1 and letters["recent_500"] not in await seqs_of(js)
+
+
+async def test_a_scan_stops_at_the_last_letter_there_was_when_it_began(applied, settings, letters):
+    import contextlib
+
+    from busscrape.deadletters.queue import DeadLetterQueue, LetterFilter
+
+    js = applied.js
+    info = js.stream_info
+
+    async def then_a_new_letter(*args, **kwargs):
+        # Right after the scan has read where the stream ends, before it reads a letter: a letter
+        # filed now (a task that a running replay queued, dying again) is past that end.
+        js.stream_info = info  # once
+        found = await info(*args, **kwargs)
+        await filing.file(js, DeadLetter(stage="worker", reason="not_json", error="later", payload="x"),
+                          msg_id="later")
+        return found
+
+    js.stream_info = then_a_new_letter
+    try:
+        async with contextlib.aclosing(DeadLetterQueue(js).scan(LetterFilter())) as entries:
+            scanned = [entry.seq async for entry in entries]
+    finally:
+        js.stream_info = info
+    assert scanned == sorted(letters.values())
+    assert len(await seqs_of(applied.js)) == len(letters) + 1
+
+
+def on_a_terminal(nats_url: str, answer: bytes, *args: str) -> tuple[int, str]:
+    """``busscrape ARGS`` with a pseudo-terminal for stdin, answering its question with ``answer``."""
+    import os
+    import pty
+    import sys
+
+    from tests.ops.test_overview import cli_env
+
+    master, slave = pty.openpty()
+    try:
+        os.write(master, answer)  # typed ahead: the terminal holds it until the prompt reads it
+        proc = subprocess.run([sys.executable, "-m", "busscrape", *args], stdin=slave, capture_output=True,
+                              text=True, env=cli_env(nats_url), timeout=90)
+    finally:
+        os.close(slave)
+        os.close(master)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+async def test_purge_on_a_terminal_asks_first_and_deletes_only_on_yes(applied, settings, letters):
+    url, js = settings.nats.url, applied.js
+    code, said = await asyncio.to_thread(on_a_terminal, url, b"n\n", "dlq", "purge", "--reason", "http_*")
+    assert code == 1 and "Delete 2 dead letters for good?" in said and "nothing deleted" in said
+    assert await seqs_of(js) == set(letters.values())
+    code, said = await asyncio.to_thread(on_a_terminal, url, b"y\n", "dlq", "purge", "--reason", "http_*")
+    assert code == 0, said
+    assert await seqs_of(js) == set(letters.values()) - {letters["old_404"], letters["recent_500"]}

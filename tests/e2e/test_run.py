@@ -21,7 +21,7 @@ from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.status.records import StatusBoard
 from tests.conftest import make_settings
 from tests.support import pages
-from tests.support.bus import stream_messages
+from tests.support.bus import stream_messages, wait_until
 from tests.support.procs import env_for, spawn
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -49,9 +49,14 @@ async def test_demo_archives_every_page_and_dead_letters_the_broken_link(tmp_pat
     output, _ = await asyncio.to_thread(proc.communicate, timeout=240)
     assert proc.returncode == 0, output[-3000:]
     assert "demo ok" in output and "http_404" in output
-    found = metas(tmp_path / ".busscrape" / "archive")
+    everything = metas(tmp_path / ".busscrape" / "archive")
+    found = {k: m for k, m in everything.items() if "crawl" not in m}
+    crawled = [m for m in everything.values() if "crawl" in m]
     titles = {m["title"] for m in found.values()}
     assert len(found) == 10
+    # Then the small crawl: the home page and the first four of its links, one deep.
+    assert "crawl ok" in output and len(crawled) == 5
+    assert sorted(m["crawl"]["depth"] for m in crawled) == [0, 1, 1, 1, 1]
     assert {"busscrape demo", "A static article", "Live feed", "Gallery", "A slow page", "Shop"} <= titles
     # The shop's products carry their record; the lantern's price exists only after its JavaScript ran.
     from busscrape.ops.demo_shop import EXPECTED
@@ -160,7 +165,12 @@ async def test_run_without_daemons_waits_for_daemons_elsewhere(tmp_path, site, s
         await provision.apply(bus.js, topology.load(settings))
     env = run_env(tmp_path, site, BUSSCRAPE_NATS__URL=nats_server.url)
     runner = cli(["run", str(path)], tmp_path, env)
-    await asyncio.sleep(2)
+    async with await Bus.connect(settings, name="watch") as bus:
+        async def dispatched() -> bool:
+            assert runner.poll() is None, "run returned before any daemon ran"
+            return (await bus.js.stream_info(names.TASKS_STREAM)).state.messages == len(urls)
+
+        await wait_until(dispatched, timeout=120)
     assert runner.poll() is None  # dispatched, waiting: nothing renders yet
     elsewhere = [spawn([cmd], env_for(settings, BUSSCRAPE_ARCHIVE__DIR=str(their_archive)), tmp_path / f"{cmd}.log")
                  for cmd in ("worker", "ingester")]
@@ -194,12 +204,11 @@ async def test_run_returns_only_once_every_dead_letter_it_counts_is_archived(tmp
         runner = cli(["run", str(path)], tmp_path, env)
         ingester = None
         try:
-            for _ in range(600):  # both tasks dead-lettered by the worker; no ingester runs yet
-                letters = (await bus.js.stream_info(names.DEADLETTER_STREAM)).state.messages
-                if letters == 2:
-                    break
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(2)
+            async def both_dead() -> bool:  # both tasks dead-lettered by the worker; no ingester runs yet
+                return (await bus.js.stream_info(names.DEADLETTER_STREAM)).state.messages == 2
+
+            await wait_until(both_dead, timeout=60)
+            await asyncio.sleep(2)  # not synchronisation: the time a wrong `run` would have to return
             assert runner.poll() is None, "run returned before the dead letters were archived"
             ingester = spawn(["ingester"], env_for(settings), tmp_path / "ingester.log")
             output, _ = await asyncio.to_thread(runner.communicate, timeout=120)

@@ -32,6 +32,7 @@ from busscrape.status.records import StatusBoard
 from tests.conftest import make_settings
 from tests.support.bus import dead_letters, wait_until
 from tests.support.procs import env_for, kill9, spawn
+from tests.support.relay import Relay, result_ack
 
 HTML = b"<!doctype html><title>t</title>" + b"".join(b"<p>paragraph %d</p>\n" % i for i in range(3000))
 PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(40_000)
@@ -88,11 +89,15 @@ def folder_of(result: ScrapeResult, prefix: str = "") -> str:
 
 
 async def assert_archived(storage: Storage, result: ScrapeResult, files: dict[str, bytes], prefix: str = "") -> dict:
-    """Every object at its key, its bytes as meta.json says, and the originals inside."""
+    """Every expected file listed in meta.json and stored at its key (nothing else in the folder),
+    its bytes as meta.json says, and the originals inside."""
     folder = folder_of(result, prefix)
     meta = orjson.loads(await storage.get(f"{folder}/meta.json"))
     assert meta["task_id"] == result.task_id and meta["final_url"] == result.final_url
     assert meta["attempt"] == result.attempt and meta["worker"] == result.worker and meta["labels"] == result.labels
+    # every expected file is listed, and the folder holds nothing else
+    assert sorted(obj["name"].removesuffix(".gz") for obj in meta["objects"]) == sorted(files)
+    assert await storage.keys(f"{folder}/") == sorted([f"{folder}/meta.json", *(o["key"] for o in meta["objects"])])
     for obj in meta["objects"]:
         stored = await storage.get(obj["key"])
         assert obj["key"] == f"{folder}/{obj['name']}"
@@ -332,6 +337,56 @@ async def test_without_the_dead_letter_consumer_the_ingester_refuses_to_start(ap
     with pytest.raises(StreamsMissing, match="streams apply"):
         async with Ingester(applied, folder_storage):
             pass
+
+
+async def test_without_the_results_consumer_the_ingester_command_exits_2_with_the_fix(applied, settings, tmp_path):
+    await applied.js.delete_consumer(names.RESULTS_STREAM, names.INGESTERS_CONSUMER)
+    proc = spawn(["ingester", "--archive", str(tmp_path / "a")], env_for(settings), tmp_path / "ingester.log")
+    try:
+        assert await asyncio.to_thread(proc.wait, 60) == 2
+    finally:
+        kill9(proc)
+    log = " ".join((tmp_path / "ingester.log").read_text().split())  # the message may be wrapped
+    assert "RESULTS/ingesters does not exist" in log and "busscrape streams apply" in log
+
+
+async def test_a_bounded_run_exits_1_when_a_result_was_dead_lettered(applied, settings, tmp_path):
+    good = await produce(applied.js)
+    missing = await produce(applied.js, files={"page.html": HTML})
+    await ArtifactStore(applied.js).delete(missing.artifacts[0].object)
+    args = ["ingester", "--archive", str(tmp_path / "a"), "--max-results", "2"]
+    proc = spawn(args, env_for(settings), tmp_path / "ingester.log")
+    try:
+        assert await asyncio.to_thread(proc.wait, 120) == 1, (tmp_path / "ingester.log").read_text()[-2000:]
+    finally:
+        kill9(proc)
+    assert (tmp_path / "a" / folder_of(good) / "meta.json").exists()
+    assert [d.reason for d in await dead_letters(applied.js)] == ["artifact_missing"]
+
+
+async def test_a_result_releases_its_artifacts_before_its_ack(applied, settings, tmp_path, nats_server):
+    """A real SIGKILL of an ingester process just before its ack reaches the server: the archive
+    is complete and the artifacts are already gone, so nothing is orphaned; the redelivery only
+    records and acks."""
+    short = settings.with_overrides(streams={"ingester_ack_wait": "2s"})
+    await provision.apply(applied.js, topology.load(short))
+    result = await produce(applied.js)
+    root = tmp_path / "archive"
+    async with Relay(nats_server.port) as relay:
+        relay.hold = result_ack
+        env = env_for(short, BUSSCRAPE_NATS__URL=relay.url)
+        victim = spawn(["ingester", "--archive", str(root)], env, tmp_path / "victim.log")
+        try:
+            await asyncio.wait_for(relay.held.wait(), 60)
+        finally:
+            kill9(victim)
+    assert await lag(applied.js) == 1  # never acked
+    assert (await applied.js.stream_info(names.ARTIFACTS_STREAM)).state.messages == 0  # released already
+    async with FileStorage(root) as storage:
+        again = await ingest(applied, storage, short, exit_when_idle=4)
+        await assert_archived(storage, result, {"page.html": HTML, "screenshot.png": PNG, "page.har": HAR})
+    assert again.counters["already_archived"] == 1 and await lag(applied.js) == 0
+    assert await dead_letters(applied.js) == []
 
 
 @pytest.mark.slow

@@ -1,7 +1,9 @@
 """The SOCKS5 egress proxy, spoken to directly."""
 
 import asyncio
+import ipaddress
 import struct
+from typing import ClassVar
 
 from busscrape.net.egress import EgressProxy
 from busscrape.net.policy import NetworkPolicy
@@ -17,14 +19,20 @@ async def socks_connect(proxy, host: str, port: int) -> tuple[int, asyncio.Strea
     return reply[1], reader, writer
 
 
+async def get_through(proxy, host: str, port: int, path: str) -> bytes:
+    """An HTTP GET through the proxy; the whole response."""
+    code, reader, writer = await socks_connect(proxy, host, port)
+    assert code == 0
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    body = await reader.read()
+    writer.close()
+    return body
+
+
 async def test_allowed_connections_carry_bytes_both_ways(site):
     site.page("/hello", "hello through socks")
     async with EgressProxy(NetworkPolicy.from_settings(["127.0.0.2/32"])) as proxy:
-        code, reader, writer = await socks_connect(proxy, "127.0.0.2", site.port)
-        assert code == 0
-        writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        body = await reader.read()
-        writer.close()
+        body = await get_through(proxy, "127.0.0.2", site.port, "/hello")
     assert b"200 OK" in body and body.endswith(b"hello through socks")
 
 
@@ -96,3 +104,23 @@ async def test_half_closed_and_silent_connections_are_let_go(tmp_path):
         await asyncio.sleep(0.5)
         assert open_descriptors() <= before + 2  # the proxy's own listener and a little slack
     far.close()
+
+
+async def test_the_proxy_connects_to_exactly_the_address_it_checked():
+    """A resolver that answers an allowed address, then a blocked one (DNS rebinding): the proxy
+    resolves once and connects to the address it checked, never to a second answer."""
+    from tests.support.site import Site
+
+    class Rebinding(NetworkPolicy):
+        answers: ClassVar[list[str]] = []
+
+        async def resolve(self, host, port):
+            self.answers.append(host)
+            return [ipaddress.ip_address("127.0.0.4" if len(self.answers) % 2 else "127.0.0.5")]
+
+    with Site(hosts=("127.0.0.4",)) as allowed, Site(hosts=("127.0.0.5",), port=allowed.port) as blocked:
+        allowed.page("/which", "the allowed one")
+        blocked.page("/which", "the blocked one")
+        async with EgressProxy(Rebinding.from_settings(["127.0.0.4/32"])) as proxy:
+            body = await get_through(proxy, "rebinding.test", allowed.port, "/which")
+        assert body.endswith(b"the allowed one") and sum(blocked.hits.values()) == 0

@@ -87,13 +87,17 @@ async def test_ranked_search_with_snippets_filters_and_upserts(backend):
 
 async def test_query_text_is_a_parameter_never_sql(backend):
     async with open_index(backend) as index:
-        await index.add([page("p1", "Robert'); DROP TABLE pages;--", "little bobby tables")])
+        bobby = "Robert'); DROP TABLE pages;--"
+        await index.add([page("p1", bobby, "little bobby tables"), page("p2", "Unrelated", "nothing in common")])
         for hostile in ["'; DROP TABLE pages; --", "bobby' OR '1'='1", "tables); DELETE FROM busscrape_pages; --"]:
             try:
-                await index.search(SearchQuery.parse(hostile))
+                hits = await index.search(SearchQuery.parse(hostile))
             except InvalidQuery:
-                pass  # FTS5 may find it malformed: an answer, not an injection
-        assert await index.count() == 1
+                continue  # FTS5 may find it malformed: an answer, not an injection
+            # Searched as words, it can only find the page holding them: an injected condition
+            # (OR '1'='1') would bring the unrelated page too.
+            assert {h.title for h in hits} <= {bobby}, hostile
+        assert await index.count() == 2
         assert [h.title for h in await index.search(SearchQuery.parse("bobby"))] == ["Robert'); DROP TABLE pages;--"]
 
 
@@ -240,3 +244,26 @@ async def test_the_search_command_prints_results_json_and_refuses_bad_queries(tm
     assert bad.returncode == 2 and "invalid query" in bad.stderr and "Traceback" not in bad.stderr
     off = await asyncio.to_thread(cli, s.with_overrides(search={"backend": "off"}), "quokka")
     assert off.returncode == 2 and "search is off" in off.stderr
+
+
+@pytest.mark.parametrize(("env", "fails"), [({}, False), ({"CI": "0"}, False), ({"CI": "true"}, True),
+                                            ({"BUSSCRAPE_REQUIRE_POSTGRES": "1"}, True)])
+def test_a_missing_postgresql_skips_outside_ci_and_fails_in_it(env, fails):
+    from tests.support.postgres import unavailable
+
+    try:
+        unavailable("PostgreSQL is not installed", env)
+    except BaseException as exc:  # pytest's outcomes are BaseExceptions: caught here, not acted on
+        outcome = exc
+    else:
+        raise AssertionError("neither skipped nor failed")
+    assert type(outcome) is (pytest.fail.Exception if fails else pytest.skip.Exception), outcome
+    assert "PostgreSQL is not installed" in str(outcome)
+
+
+def test_make_test_requires_postgresql():
+    from pathlib import Path
+
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest" in recipe

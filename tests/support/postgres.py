@@ -5,7 +5,9 @@ no Unix socket. PostgreSQL refuses to run as root, so as root (CI) both run as t
 user the Debian package creates, through ``runuser``; the data folder is made under /tmp (not
 pytest's root-only temp folder) and handed to that user. ``skip_reason()`` says why it cannot
 run here, for the one case where that is honest: no PostgreSQL installed (scripts/bootstrap.sh
-installs it for the test command).
+installs it for the test command). In CI (``CI`` set, or ``BUSSCRAPE_REQUIRE_POSTGRES``, which
+``make test`` sets) that is a failure instead (``unavailable``): a suite that skips its
+PostgreSQL tests there would pass without having run them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.support.net import free_port, wait_port
 
@@ -46,6 +50,20 @@ def skip_reason() -> str | None:
         if not shutil.which("runuser"):
             return "running as root without runuser to drop privileges for PostgreSQL"
     return None
+
+
+def required(env: dict[str, str]) -> bool:
+    """Whether this run must have PostgreSQL (CI, or ``BUSSCRAPE_REQUIRE_POSTGRES``)."""
+    return any(env.get(name, "").lower() not in ("", "0", "false", "no")
+               for name in ("CI", "BUSSCRAPE_REQUIRE_POSTGRES"))
+
+
+def unavailable(reason: str, env: dict[str, str]) -> None:
+    """Skip the tests that need PostgreSQL, or fail them when this run requires it."""
+    if required(env):
+        pytest.fail(f"PostgreSQL is required in this run (CI or BUSSCRAPE_REQUIRE_POSTGRES) but: {reason}",
+                    pytrace=False)
+    pytest.skip(reason)
 
 
 class PostgresServer:

@@ -1,8 +1,14 @@
-"""A TCP relay on loopback between a NATS client and its server that can withhold PubAcks.
+"""A TCP relay on loopback between a NATS client and its server that can withhold PubAcks, or
+freeze a client at an exact point of its work.
 
 It speaks just enough of the NATS protocol to see the server's messages to the client (``MSG``
 and ``HMSG`` frames) and drops the ones ``withhold`` picks: a PubAck that never arrives, exactly
 as a network that loses it would look to the client, while the server has stored the message.
+
+The other way it sees the client's publishes (``PUB`` and ``HPUB``): the first one ``hold``
+picks, and everything that client sends after it, never reaches the server, and ``held`` is
+set. A test then SIGKILLs the client process, which dies exactly before that publish — say
+the ack of its task — with every earlier one done (no hook inside the process needed).
 """
 
 from __future__ import annotations
@@ -10,6 +16,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+
+from busscrape.bus import names
+
+_RESULTS = names.result_subject("").encode()
+
+
+def ack_of(stream: str, consumer: str) -> Callable[[bytes, bytes], bool]:
+    """An ack of a message of ``stream`` by ``consumer`` (``ack_sync`` sends an empty one; not a
+    heartbeat ``+WPI`` nor a nak)."""
+    prefix = f"$JS.ACK.{stream}.{consumer}.".encode()
+    return lambda subject, payload: subject.startswith(prefix) and payload in (b"", b"+ACK")
+
+
+task_ack = ack_of(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+"""A worker's ack of its task."""
+result_ack = ack_of(names.RESULTS_STREAM, names.INGESTERS_CONSUMER)
+"""An ingester's ack of a result."""
+
+
+def result_publish(subject: bytes, payload: bytes) -> bool:
+    """A worker's publish of a result to RESULTS (its artifacts are all stored by then)."""
+    return subject.startswith(_RESULTS)
 
 
 def results_puback(payload: bytes) -> bool:
@@ -24,6 +52,8 @@ class Relay:
         self.port = 0
         self.withhold: Callable[[bytes], bool] | None = None
         self.withheld = 0
+        self.hold: Callable[[bytes, bytes], bool] | None = None
+        self.held = asyncio.Event()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -49,7 +79,7 @@ class Relay:
         except OSError:
             client_w.close()
             return
-        up = asyncio.create_task(self._pipe(client_r, server_w))
+        up = asyncio.create_task(self._publishes(client_r, server_w))
         down = asyncio.create_task(self._frames(server_r, client_w))
         self._tasks |= {up, down}
         await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -60,9 +90,19 @@ class Relay:
                 writer.close()
         self._tasks -= {up, down}
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
+    async def _publishes(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Client to server, frame by frame, until ``hold`` picks a publish: then nothing more."""
+        while line := await reader.readline():
+            head = line.split(b" ", 1)[0].upper()
+            body = b""
+            if head in (b"PUB", b"HPUB"):
+                parts = line.split()
+                body = await reader.readexactly(int(parts[-1]) + 2)
+                payload = body[:-2][int(parts[-2]):] if head == b"HPUB" else body[:-2]
+                if self.hold is not None and self.hold(parts[1], payload):
+                    self.held.set()
+                    await asyncio.Event().wait()  # frozen: the test kills the client now
+            writer.write(line + body)
             await writer.drain()
 
     async def _frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

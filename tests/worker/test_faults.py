@@ -13,7 +13,16 @@ from busscrape.bus import names, provision, topology
 from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, results, wait_until
 from tests.support.procs import env_for, kill9, leftover_chromium, spawn
-from tests.worker.test_daemon import run_worker, wsettings  # noqa: F401 - fixture
+from tests.support.relay import Relay, result_publish, task_ack
+from tests.worker.test_daemon import (  # noqa: F401 - fixtures
+    LEFTOVER_OPTIONS,
+    after_a_death_after_storing,
+    after_a_death_before_the_ack,
+    run_worker,
+    short_ack,
+    wbus,
+    wsettings,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -79,6 +88,34 @@ async def test_a_worker_killed_on_the_last_delivery_is_reaped_into_deadletter(
     assert reaper_host.counters.get("completed", 0) == 0
 
 
+async def kill9_at(settings, tmp_path, nats_server, point) -> None:
+    """Run a worker process whose NATS traffic goes through a relay; SIGKILL it at the first
+    publish ``point`` picks, before that publish reaches the server."""
+    async with Relay(nats_server.port) as relay:
+        relay.hold = point
+        env = env_for(settings, BUSSCRAPE_NATS__URL=relay.url, BUSSCRAPE_WORKER__CONCURRENCY="1")
+        victim = spawn(["worker"], env, tmp_path / "victim.log")
+        try:
+            await asyncio.wait_for(relay.held.wait(), 90)
+        finally:
+            kill9(victim)
+        assert victim.returncode == -signal.SIGKILL
+
+
+async def test_sigkill_between_the_results_puback_and_the_tasks_ack_leaves_one_result(
+        wbus, short_ack, site, stamps, tmp_path, nats_server):  # noqa: F811
+    await enqueue(wbus.js, site.url("/static"))
+    await kill9_at(short_ack, tmp_path, nats_server, task_ack)
+    await after_a_death_before_the_ack(wbus, short_ack)
+
+
+async def test_sigkill_after_storing_the_artifacts_before_the_result_leaves_them_to_the_retry(
+        wbus, short_ack, site, stamps, tmp_path, nats_server):  # noqa: F811
+    task = await enqueue(wbus.js, site.url("/static"), **LEFTOVER_OPTIONS)
+    await kill9_at(short_ack, tmp_path, nats_server, result_publish)
+    await after_a_death_after_storing(wbus, short_ack, task)
+
+
 async def test_sigterm_lets_the_task_in_flight_finish(bus, fast_redelivery, site, stamps, tmp_path):
     await enqueue(bus.js, site.url("/slow?s=2"))
     worker = start_worker(fast_redelivery, tmp_path, "graceful")
@@ -93,30 +130,50 @@ async def test_sigterm_lets_the_task_in_flight_finish(bus, fast_redelivery, site
     assert '"worker.stopped"' in log and '"completed": 1' in log
 
 
-async def test_sigterm_past_the_grace_period_hands_the_task_back_at_once(bus, fast_redelivery, site, stamps,
+@pytest.fixture
+async def slow_redelivery(bus, wsettings):  # noqa: F811
+    """Streams with a 10-minute ack_wait: a task back within the test came back by a nak, not by
+    the ack_wait running out (however long the worker took to shut down)."""
+    s = wsettings.with_overrides(streams={"worker_ack_wait": "10m", "worker_max_deliver": 3})
+    await provision.apply(bus.js, topology.load(s))
+    return s
+
+
+async def handed_back(js) -> int:
+    """The delivery count of the task, fetched at once (it must be available now)."""
+    sub = await js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
+    [msg] = await sub.fetch(1, timeout=10)
+    await msg.nak()
+    return msg.metadata.num_delivered
+
+
+async def test_sigterm_past_the_grace_period_hands_the_task_back_at_once(bus, slow_redelivery, site, stamps,
                                                                          tmp_path):
     await enqueue(bus.js, site.url("/slow?s=60"))
-    env = env_for(fast_redelivery, BUSSCRAPE_WORKER__GRACE_PERIOD="1s")
+    env = env_for(slow_redelivery, BUSSCRAPE_WORKER__GRACE_PERIOD="1s")
     worker = spawn(["worker"], env, tmp_path / "impatient.log")
     await wait_for_hit(stamps, "/slow", 1)
     worker.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(worker.wait, 30) == 0
     assert leftover_chromium(tmp_path / "impatient.log") == []
-    sub = await bus.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
-    [msg] = await sub.fetch(1, timeout=2)  # available now, not after ack_wait
-    assert msg.metadata.num_delivered == 2
-    await msg.nak()
+    assert await handed_back(bus.js) == 2  # nak'ed: the 10-minute ack_wait cannot have run out
 
 
-async def test_a_second_signal_stops_at_once(bus, fast_redelivery, site, stamps, tmp_path):
+async def test_a_second_signal_stops_at_once_and_hands_the_task_back(bus, slow_redelivery, site, stamps, tmp_path):
     await enqueue(bus.js, site.url("/slow?s=60"))
-    worker = start_worker(fast_redelivery, tmp_path, "twice")
+    worker = start_worker(slow_redelivery, tmp_path, "twice")  # grace period 30s: only the second signal ends it
     await wait_for_hit(stamps, "/slow", 1)
     worker.send_signal(signal.SIGTERM)
-    await asyncio.sleep(0.5)
+    await wait_until(lambda: logged(tmp_path / "twice.log", '"worker.stopping"'), timeout=30)
     worker.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(worker.wait, 20) == 0
     assert leftover_chromium(tmp_path / "twice.log") == []
+    assert '"worker.stopping_now"' in (tmp_path / "twice.log").read_text()
+    assert await handed_back(bus.js) == 2
+
+
+async def logged(log, event: str) -> bool:
+    return log.exists() and event in log.read_text()
 
 
 async def test_a_crashed_browser_is_relaunched_and_the_task_retried(bus, wsettings, site, stamps):  # noqa: F811
@@ -136,9 +193,23 @@ async def test_a_crashed_browser_is_relaunched_and_the_task_retried(bus, wsettin
 
 
 async def test_the_browser_is_recycled_after_n_tasks(bus, wsettings, site, stamps):  # noqa: F811
+    """A new Chromium process every two tasks, the old one gone before the new one starts."""
+    from busscrape.worker.daemon import Worker
+
     await provision.apply(bus.js, topology.load(wsettings))
     for i in range(5):
         await enqueue(bus.js, site.url(f"/static?i={i}"))
-    worker = await run_worker(bus, wsettings, recycle_after_tasks=2, concurrency=1)
+    async with Worker(bus, wsettings.with_overrides(worker={"recycle_after_tasks": 2, "concurrency": 1})) as worker:
+        pool, launch = worker.pool, worker.pool._launch
+        browsers = [pool.pids()[0]]  # the browser process itself comes first
+        old_alive = []
+
+        async def recorded_launch():
+            old_alive.append(os.path.exists(f"/proc/{browsers[-1]}"))
+            await launch()
+            browsers.append(pool.pids()[0])
+
+        pool._launch = recorded_launch
+        await worker.run()
     assert len(await results(bus.js)) == 5
-    assert worker.pool.restarts == 2
+    assert len(set(browsers)) == 3 and old_alive == [False, False]  # after tasks 2 and 4

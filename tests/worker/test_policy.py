@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
+from busscrape.artifacts.store import ArtifactStore
+from busscrape.model.steps import Goto, WaitFor
+from busscrape.worker.daemon import Worker
+from tests.support import pages
 from tests.support.bus import dead_letters, enqueue, results
 from tests.support.site import Site
 from tests.worker.test_daemon import run_worker, wbus, wsettings  # noqa: F401 - fixtures
@@ -61,3 +65,54 @@ async def test_the_allow_list_opens_exactly_what_it_names(wbus, wsettings, inter
     await run_worker(wbus, opened)
     [result] = await results(wbus.js)
     assert result.status == 200 and internal.hits[("127.0.0.9", "/secret")] == 1
+
+
+async def test_a_goto_step_to_a_blocked_address_is_refused_before_it_leaves(wbus, wsettings, site, internal):  # noqa: F811
+    pages.install(site)
+    secret = f"http://127.0.0.9:{internal.port}/secret"
+    await enqueue(wbus.js, site.url("/static"), steps=(Goto(url=secret),))
+    await run_worker(wbus, wsettings)
+    [letter] = await dead_letters(wbus.js)
+    assert letter.reason == "blocked_address" and len(letter.attempts) == 1
+    # the worker's own check, before the browser tried (the egress proxy's refusal reads otherwise)
+    assert letter.error == f"navigation to {secret} refused: loopback address 127.0.0.9 is not in the allow-list"
+    assert sum(internal.hits.values()) == 0
+
+
+async def test_a_websocket_to_a_blocked_address_is_refused(wbus, wsettings, site, internal):  # noqa: F811
+    @internal.route("/ws")
+    async def ws(request):
+        socket = web.WebSocketResponse()
+        await socket.prepare(request)
+        await socket.send_str("internal secret")
+        await socket.close()
+        return socket
+
+    site.page("/sockets", f"""<title>sockets</title><script>
+        const ws = new WebSocket('ws://127.0.0.9:{internal.port}/ws');
+        ws.onmessage = (e) => document.body.insertAdjacentHTML('beforeend', '<p id=got>' + e.data + '</p>');
+        ws.onerror = () => document.body.insertAdjacentHTML('beforeend', '<p id=refused>refused</p>');
+        </script>""")
+    await enqueue(wbus.js, site.url("/sockets"), steps=(WaitFor(selector="#refused, #got"),))
+    await run_worker(wbus, wsettings)
+    [result] = await results(wbus.js)
+    html = (await ArtifactStore(wbus.js).read(next(a for a in result.artifacts if a.kind == "html"))).decode()
+    assert '<p id="refused">refused</p>' in html and "internal secret" not in html
+    assert sum(internal.hits.values()) == 0
+
+
+async def test_a_navigation_the_pre_check_let_through_is_refused_by_the_egress_proxy(wbus, wsettings, internal):  # noqa: F811
+    """Chromium itself cannot reach a blocked address: every connection goes through the SOCKS
+    egress proxy, which checks the address it connects to. Shown with the worker's own check
+    of the task's URL switched off."""
+    secret = f"http://127.0.0.9:{internal.port}/secret"
+    await enqueue(wbus.js, secret)
+    async with Worker(wbus, wsettings) as worker:
+        async def let_through(url: str) -> None:
+            return None
+
+        worker.policy.check_url = let_through
+        await worker.run()
+    [letter] = await dead_letters(wbus.js)
+    assert letter.reason == "blocked_address" and "not in the allow-list" in letter.error
+    assert sum(internal.hits.values()) == 0 and await results(wbus.js) == []

@@ -11,7 +11,10 @@ def test_ranges_and_precedence():
     assert policy.verdict(302) is None
 
 
-@pytest.mark.parametrize("bad", ["abc", "600", "500-400", "50-60"])
-def test_bad_specs_name_the_setting(bad):
-    with pytest.raises(ConfigurationError, match="S"):
-        parse_statuses(bad, "SETTING")
+@pytest.mark.parametrize(("bad", "why"), [("abc", "is not a status or a range like 500-599"),
+                                          ("600", "is outside 100-599"), ("500-400", "is outside 100-599"),
+                                          ("50-60", "is outside 100-599")])
+def test_bad_specs_name_the_setting_the_part_and_the_reason(bad, why):
+    with pytest.raises(ConfigurationError) as info:
+        parse_statuses(f"404,{bad}", "SETTING")
+    assert str(info.value) == f"SETTING: {bad!r} {why}"

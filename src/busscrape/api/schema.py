@@ -9,6 +9,7 @@ server enforces. Request models are validated in strict mode: ``"true"`` is not 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,6 +81,52 @@ class TaskRequest(BaseModel):
         return sum(v is not None for v in (self.url, self.urls, self.tasks))
 
 
+class CrawlRequest(BaseModel):
+    """A crawl (``busscrape crawl``'s options): ``seeds`` at depth 0, links followed within ``scope``
+    up to ``depth``, at most ``max_pages`` pages; ``steps``, ``options`` and ``labels`` apply to
+    every page. The same request again names the same crawl (and resumes it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seeds: list[str] = Field(min_length=1, max_length=1000)
+    scope: Literal["page", "prefix", "host", "domain", "any"] = "host"
+    include: list[str] = []
+    exclude: list[str] = []
+    depth: int = Field(3, ge=0, le=1000)
+    max_pages: int | None = Field(None, ge=1)
+    robots: Literal["obey", "ignore"] = "obey"
+    robots_agent: str | None = None
+    follow: str | None = None
+    """CSS selector of the links to follow (default ``a[href], area[href], link[rel=next][href]``)."""
+    sitemaps: bool = False
+    sitemap_since: datetime | None = None
+    steps: list[Any] = []
+    options: dict[str, Any] = {}
+    """Task options of every page (as a JSONL task spec's ``options``)."""
+    labels: dict[str, str] = {}
+
+
+class CrawlStarted(BaseModel):
+    """``POST /crawls`` (202): the crawl's id and what its seeds became."""
+
+    crawl_id: str
+    seeds: dict[str, int]
+
+
+class CrawlProgress(BaseModel):
+    """``GET /crawls/{crawl_id}``: every discovered link in one outcome, in total and per depth."""
+
+    crawl_id: str
+    links: dict[str, int]
+    by_depth: dict[int, dict[str, int]]
+    pages_followed: int
+    not_followed: dict[str, int]
+    archived: int
+    dead: int
+    budget_used: int
+    skipped: list[dict[str, str]]
+
+
 class TasksAccepted(BaseModel):
     """What became of every task of a ``POST /tasks`` (202)."""
 
@@ -115,7 +162,8 @@ class Health(BaseModel):
     nats: bool
 
 
-MODELS: tuple[type[BaseModel], ...] = (TaskRequest, TasksAccepted, ErrorBody, SearchResults, TaskHistory, Health)
+MODELS: tuple[type[BaseModel], ...] = (TaskRequest, TasksAccepted, ErrorBody, SearchResults, TaskHistory, Health,
+                                       CrawlRequest, CrawlStarted, CrawlProgress)
 
 
 def _json(ref: str, description: str) -> dict[str, Any]:
@@ -133,7 +181,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     from pydantic.json_schema import models_json_schema
 
     api = settings.api
-    _, top = models_json_schema([(m, "validation" if m is TaskRequest else "serialization") for m in MODELS],
+    _, top = models_json_schema([(m, "validation" if m in (TaskRequest, CrawlRequest) else "serialization")
+                                     for m in MODELS],
                                 ref_template="#/components/schemas/{model}")
     schemas = top["$defs"]
     for name in ("urls", "tasks"):
@@ -195,6 +244,26 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     ],
                     "responses": {"200": _json("#/components/schemas/SearchResults", "Ranked results"),
                                   **_errors(400, *map(int, auth), 503)},
+                    **secured,
+                },
+            },
+            "/crawls": {
+                "post": {
+                    "operationId": "createCrawl", "summary": "Start (or resume) a crawl from seed URLs",
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/CrawlRequest"}}}},
+                    "responses": {"202": _json("#/components/schemas/CrawlStarted", "The crawl's id"),
+                                  **_errors(400, *map(int, auth), 413, 415, 503)},
+                    **secured,
+                },
+            },
+            "/crawls/{crawl_id}": {
+                "get": {
+                    "operationId": "getCrawl", "summary": "A crawl's progress: links by outcome and depth",
+                    "parameters": [{"name": "crawl_id", "in": "path", "required": True,
+                                    "schema": {"type": "string", "pattern": "^[0-9a-f]{16}$"}}],
+                    "responses": {"200": _json("#/components/schemas/CrawlProgress", "The crawl's progress"),
+                                  **_errors(400, *map(int, auth), 404, 503)},
                     **secured,
                 },
             },

@@ -3,6 +3,8 @@
 ::
 
     POST /tasks             one or many URLs (or task specs), through the dispatcher: 202 + outcome per task
+    POST /crawls            start (or resume) a crawl (``busscrape crawl``'s options): 202 + its id
+    GET  /crawls/{crawl_id} the crawl's progress: links by outcome and depth, pages archived and dead
     GET  /tasks/{task_id}   the task's history (STATUS merged with SEEN, ``task_history``)
     GET  /tasks?url=…       the same, for the task a URL becomes
     GET  /search?q=…        ranked full-text search of the archived pages (``search_index``);
@@ -38,6 +40,9 @@ from busscrape.api.schema import (
     MAX_HOST_PARAM,
     MAX_SINCE_PARAM,
     MAX_URL_PARAM,
+    CrawlProgress,
+    CrawlRequest,
+    CrawlStarted,
     ErrorBody,
     ErrorDetail,
     Health,
@@ -120,6 +125,8 @@ class ApiServer:
         app.router.add_post("/tasks", self.create_tasks)
         app.router.add_get("/tasks", self.find_task)
         app.router.add_get("/tasks/{task_id}", self.get_task)
+        app.router.add_post("/crawls", self.create_crawl)
+        app.router.add_get("/crawls/{crawl_id}", self.get_crawl)
         app.router.add_get("/search", self.search)
         app.router.add_get("/healthz", self.health)
         app.router.add_get("/openapi.json", self.openapi)
@@ -224,6 +231,44 @@ class ApiServer:
         return reply(TasksAccepted(tasks=intake.outcomes, queued=counts["queued"],
                                    already_seen=counts["already_seen"], duplicate=counts["duplicate"],
                                    rejected=counts["rejected"]), 202)
+
+    # -- crawls -------------------------------------------------------------------------------
+
+    async def create_crawl(self, request: web.Request) -> web.Response:
+        from busscrape.crawl.run import make_spec, start_crawl
+
+        body = await self._json_body(request)
+        try:
+            wanted = CrawlRequest.model_validate(body)
+            spec = make_spec(self.settings, wanted.seeds, **wanted.model_dump(exclude={"seeds"}))
+            seeded = await start_crawl(self.bus, self.settings, spec)
+        except ValidationError as exc:
+            raise ApiError(400, "invalid_request", describe_validation_error(exc)) from None
+        except InputError as exc:
+            raise ApiError(400, exc.reason, exc.message) from None
+        except BusscrapeError as exc:  # the CRAWLS bucket missing, robots.txt unreachable …
+            raise ApiError(503, exc.reason, exc.message) from None
+        except TRANSIENT as exc:
+            raise ApiError(503, "bus_unavailable", f"NATS did not answer ({exc!r}); sending the same request "
+                                                   "again is safe") from None
+        log.info("api.crawl", crawl_id=spec.crawl_id, **seeded.get("counts", {}))
+        return reply(CrawlStarted(crawl_id=spec.crawl_id, seeds=seeded.get("counts", {})), 202)
+
+    async def get_crawl(self, request: web.Request) -> web.Response:
+        from busscrape.crawl.run import crawl_status
+
+        crawl_id = request.match_info["crawl_id"]
+        if not re.fullmatch(r"[0-9a-f]{16}", crawl_id):
+            raise ApiError(400, "invalid_crawl_id", "a crawl id is 16 lower-case hex characters")
+        try:
+            summary = await crawl_status(self.bus, crawl_id)
+        except BusscrapeError as exc:
+            raise ApiError(503, exc.reason, exc.message) from None
+        except TRANSIENT as exc:
+            raise ApiError(503, "bus_unavailable", f"cannot read CRAWLS: {exc!r}") from None
+        if summary is None:
+            raise ApiError(404, "not_found", f"no crawl {crawl_id}")
+        return reply(CrawlProgress(**summary.as_dict()))
 
     async def _json_body(self, request: web.Request) -> Any:
         limit = self.settings.api.max_body_bytes

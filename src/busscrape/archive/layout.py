@@ -171,6 +171,8 @@ def meta_document(result: ScrapeResult, objects: list[StoredObject]) -> bytes:
     }
     if (extraction := records.summary(result)) is not None:
         doc["extraction"] = extraction
+    if result.crawl is not None:
+        doc["crawl"] = result.crawl.model_dump(mode="json")
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
 
 

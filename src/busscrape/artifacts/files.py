@@ -12,8 +12,10 @@ from busscrape.model.messages import ScrapeTask
 from busscrape.model.steps import Screenshot
 
 HTML_FILE, TEXT_FILE, HAR_FILE = "page.html", "page.txt", "page.har"
+WARC_FILE = "page.warc.gz"
+"""Gzip per record already (as WARC readers expect): stored as it is, never compressed again."""
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "text": "text/plain; charset=utf-8",
-                 "har": "application/json", "png": "image/png", "jpeg": "image/jpeg"}
+                 "har": "application/json", "png": "image/png", "jpeg": "image/jpeg", "warc": "application/warc"}
 
 
 def screenshot_file(task: ScrapeTask, step: str | None = None) -> str:
@@ -25,7 +27,8 @@ def screenshot_file(task: ScrapeTask, step: str | None = None) -> str:
 def capture_files(task: ScrapeTask) -> list[str]:
     """Every file a render of ``task`` stores: how the objects of an attempt that died are found."""
     wanted = task.options.artifacts
-    files = [file for kind, file in (("html", HTML_FILE), ("text", TEXT_FILE), ("har", HAR_FILE)) if kind in wanted]
+    files = [file for kind, file in (("html", HTML_FILE), ("text", TEXT_FILE), ("har", HAR_FILE),
+                                     ("warc", WARC_FILE)) if kind in wanted]
     if "screenshot" in wanted:
         files.append(screenshot_file(task))
     return files + [screenshot_file(task, step.name) for step in task.steps if isinstance(step, Screenshot)]

@@ -23,9 +23,9 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any
 
 import nats.errors
 import nats.js.errors
@@ -89,14 +89,15 @@ class ArtifactStore:
                 self._publisher = publisher
         return self._publisher
 
-    async def put(self, name: str, data: bytes, content_type: str, *, kind: str, file: str) -> ArtifactRef:
-        """Store ``data`` under ``name`` and return its claim check.
+    async def put(self, name: str, data: bytes | IO[bytes], content_type: str, *, kind: str,
+                  file: str) -> ArtifactRef:
+        """Store ``data`` (bytes, or a file read chunk by chunk from where it stands) under
+        ``name`` and return its claim check.
 
         Raises ``StorageUnavailable`` when NATS does not take it (the task is retried).
         """
         nuid = next_nuid(self._nc)
         chunk_subject = _chunk_subject(nuid)
-        view = memoryview(data)
         acks: list[asyncio.Future[Publication]] = []
         try:
             writer = await self._writer()
@@ -104,17 +105,24 @@ class ArtifactStore:
             acks.append(await writer.send(_meta_subject(name), orjson.dumps(_placeholder(name, nuid)),
                                           dict(_ROLLUP)))
             chunks = 0
-            for offset in range(0, len(data), CHUNK_SIZE):
-                acks.append(await writer.send(chunk_subject, bytes(view[offset:offset + CHUNK_SIZE])))
+            size = 0
+            hashing = hashlib.sha256()
+            for chunk in _chunks(data):
+                acks.append(await writer.send(chunk_subject, chunk))
                 chunks += 1
-            # Hashed while the chunks travel: let the flusher hand them to the socket first.
-            await asyncio.sleep(0)
-            digest = hashlib.sha256(data).digest()
+                size += len(chunk)
+                if not isinstance(data, bytes):
+                    hashing.update(chunk)
+            if isinstance(data, bytes):
+                # Hashed while the chunks travel: let the flusher hand them to the socket first.
+                await asyncio.sleep(0)
+                hashing.update(data)
+            digest = hashing.digest()
             info = {
                 "name": name,
                 "bucket": ARTIFACTS_BUCKET,
                 "nuid": nuid,
-                "size": len(data),
+                "size": size,
                 "chunks": chunks,
                 "mtime": datetime.now(UTC).isoformat(),
                 "digest": "SHA-256=" + base64.urlsafe_b64encode(digest).decode(),
@@ -133,7 +141,7 @@ class ArtifactStore:
             if await self._purge_quietly(chunk_subject):
                 await self._purge_quietly(_meta_subject(name))
             raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc}") from None
-        return ArtifactRef(name=file, kind=kind, object=name, size=len(data), sha256=digest.hex(),  # type: ignore[arg-type]
+        return ArtifactRef(name=file, kind=kind, object=name, size=size, sha256=digest.hex(),  # type: ignore[arg-type]
                            content_type=content_type, nuid=nuid)
 
     async def _info(self, name: str) -> dict | None:
@@ -303,6 +311,17 @@ class ArtifactStore:
         except TRANSIENT:
             return False  # the bucket's TTL collects what is left
         return True
+
+
+def _chunks(data: bytes | IO[bytes]) -> Iterator[bytes]:
+    """``data`` in chunks of ``CHUNK_SIZE``: sliced from bytes, read from a file (one chunk in memory)."""
+    if isinstance(data, bytes):
+        view = memoryview(data)
+        for offset in range(0, len(data), CHUNK_SIZE):
+            yield bytes(view[offset:offset + CHUNK_SIZE])
+        return
+    while chunk := data.read(CHUNK_SIZE):
+        yield chunk
 
 
 def _placeholder(name: str, nuid: str) -> dict[str, Any]:

@@ -40,6 +40,7 @@ ATTEMPTS_BUCKET = "ATTEMPTS"
 STATUS_BUCKET = "STATUS"
 ARTIFACTS_BUCKET = "ARTIFACTS"
 FOLDERS_BUCKET = "FOLDERS"  # leases on archive folders while an ingester writes one
+CRAWLS_BUCKET = "CRAWLS"  # crawl rules, page budgets, per-page link outcomes, cached robots.txt
 
 
 def kv_stream(bucket: str) -> str:
@@ -55,6 +56,7 @@ def object_stream(bucket: str) -> str:
 SEEN_STREAM = kv_stream(SEEN_BUCKET)
 ATTEMPTS_STREAM = kv_stream(ATTEMPTS_BUCKET)
 STATUS_STREAM = kv_stream(STATUS_BUCKET)
+CRAWLS_STREAM = kv_stream(CRAWLS_BUCKET)
 ARTIFACTS_STREAM = object_stream(ARTIFACTS_BUCKET)
 
 # -- what each role needs on the server (``provision.require`` checks it at start) ----------------

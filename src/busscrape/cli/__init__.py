@@ -14,6 +14,7 @@ from busscrape.cli import dispatch as _dispatch  # noqa: F401  isort: skip
 from busscrape.cli import ingester as _ingester  # noqa: F401  isort: skip
 from busscrape.cli import worker as _worker  # noqa: F401  isort: skip
 from busscrape.cli import run as _run  # noqa: F401  isort: skip
+from busscrape.cli import crawl as _crawl  # noqa: F401  isort: skip
 from busscrape.cli import demo as _demo  # noqa: F401  isort: skip
 from busscrape.cli import status as _status  # noqa: F401  isort: skip
 from busscrape.cli import dlq as _dlq  # noqa: F401  isort: skip
@@ -22,5 +23,6 @@ from busscrape.cli import search as _search  # noqa: F401  isort: skip
 from busscrape.cli import api as _api  # noqa: F401  isort: skip
 from busscrape.cli import config as _config  # noqa: F401  isort: skip
 from busscrape.cli import extractors as _extractors  # noqa: F401  isort: skip
+from busscrape.cli import wacz as _wacz  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]

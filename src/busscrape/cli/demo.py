@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 EXPECTED_DEAD = {"/missing.html": "http_404", "/shop/mystery.html": "extraction_failed"}
+CRAWL_PAGES = 5  # the demo's crawl: from the home page, one link deep, at most this many pages
 
 
 @app.command("demo")
@@ -32,7 +33,8 @@ def demo_cmd(
     JavaScript-rendered, slow, images, a redirect, an index and a broken link) and a shop whose
     product pages run the demo extractor (extractors/demo-product.toml); ends with the archive
     tree and one meta.json. The broken link is dead-lettered (http_404), and so is the product
-    without a price (extraction_failed), as they should.
+    without a price (extraction_failed), as they should. Then a small crawl (`busscrape crawl`)
+    of the same site: from the home page, links one deep, at most five pages.
     """
     from rich.syntax import Syntax
 
@@ -42,7 +44,7 @@ def demo_cmd(
     if s.nats.url:
         err.print("[yellow]note:[/] busscrape demo always uses its own embedded nats-server; "
                   "ignoring BUSSCRAPE_NATS__URL")
-    summary, origin = run(_demo(s.with_overrides(nats={"url": None}), workers))
+    summary, origin, crawled = run(_demo(s.with_overrides(nats={"url": None}), workers))
     out.print(summary_table(summary))
     out.print(_tree(summary, origin))
     meta = _one_meta(summary, origin)
@@ -51,12 +53,17 @@ def demo_cmd(
         pretty = json.dumps(json.loads(meta.read_text()), indent=2)
         # Highlighted on a terminal; off one, the JSON as it is (Syntax pads every line to the width).
         out.print(Syntax(pretty, "json", word_wrap=True) if out.is_terminal else plain(pretty))
+    from busscrape.cli.crawl import crawl_table
+
+    if crawled.crawl is not None:
+        out.print(crawl_table(crawled.crawl))
     out.print(how_to_look(summary, s), soft_wrap=True)
-    raise typer.Exit(_verdict(summary))
+    raise typer.Exit(_verdict(summary) or _crawl_verdict(crawled))
 
 
-async def _demo(s, workers: int) -> tuple[RunSummary, str]:  # type: ignore[no-untyped-def]
+async def _demo(s, workers: int) -> tuple[RunSummary, str, RunSummary]:  # type: ignore[no-untyped-def]
     from busscrape.cli.run import execute
+    from busscrape.crawl.run import make_spec
     from busscrape.extract.registry import bundled_dir
     from busscrape.ops.demo_site import DemoSite
     from busscrape.ops.runner import RunOptions
@@ -73,7 +80,11 @@ async def _demo(s, workers: int) -> tuple[RunSummary, str]:  # type: ignore[no-u
             summary = await execute(s, RunOptions(source=f.name, workers=workers))
         finally:
             Path(f.name).unlink(missing_ok=True)
-        return summary, site.origin
+        if summary.interrupted:
+            return summary, site.origin, summary
+        spec = make_spec(s, [f"http://{site.origin}/"], depth=1, max_pages=CRAWL_PAGES, labels={"demo": "crawl"})
+        crawled = await execute(s, RunOptions(source="", workers=workers, crawl=spec))
+        return summary, site.origin, crawled
 
 
 def _folders(summary: RunSummary, origin: str) -> list[Path]:
@@ -99,6 +110,17 @@ def _tree(summary: RunSummary, origin: str) -> Tree:
 def _one_meta(summary: RunSummary, origin: str) -> Path | None:
     metas = [f / "meta.json" for f in _folders(summary, origin) if (f / "meta.json").exists()]
     return max(metas, key=lambda p: p.stat().st_mtime) if metas else None
+
+
+def _crawl_verdict(crawled: RunSummary) -> int:
+    if crawled.interrupted:
+        return EXIT_INTERRUPTED
+    if crawled.crawl is not None and crawled.archived == CRAWL_PAGES:
+        out.print(f"[green]crawl ok:[/] {CRAWL_PAGES} pages of the demo site crawled from its home page "
+                  f"(crawl {crawled.crawl.crawl_id})")
+        return EXIT_OK
+    err.print(f"[red]crawl incomplete:[/] {crawled.archived} archived, expected {CRAWL_PAGES}")
+    return EXIT_PARTIAL
 
 
 def _verdict(summary: RunSummary) -> int:

@@ -67,7 +67,7 @@ class TaskFlags(SimpleNamespace):
 TASK_OPTIONS: list[tuple[str, Any, Any]] = [
     ("fmt", str, typer.Option("auto", "--format", help="auto (by file name: *.jsonl is JSONL), urls or jsonl.")),
     ("steps", str | None, typer.Option(None, "--steps", help="JSON array of steps for every task, or @FILE.")),
-    ("artifacts", str | None, typer.Option(None, "--artifacts", help="Comma list of html,screenshot,har,text.")),
+    ("artifacts", str | None, typer.Option(None, "--artifacts", help="Comma list of html,screenshot,har,text,warc.")),
     ("label", list[str], typer.Option([], "--label", metavar="K=V", help="A label on every task. Repeatable.")),
     ("screenshot_format", str | None, typer.Option(None, "--screenshot-format", help="png or jpeg.")),
     ("jpeg_quality", int | None, typer.Option(None, "--jpeg-quality", help="1-100, with jpeg screenshots.")),

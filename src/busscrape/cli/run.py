@@ -47,6 +47,8 @@ def run_cmd(
     allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
                                     help="Open a non-public address to pages (repeatable)."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
+    wacz: str | None = typer.Option(None, "--wacz", metavar="NAME",
+                                    help="Then package the run's WARCs as wacz/NAME.wacz (see busscrape wacz)."),
     *,
     task: options.TaskFlags,
 ) -> None:
@@ -70,11 +72,23 @@ def run_cmd(
         if workers:
             opts.workers = workers
         summary = run(execute(s, opts))
+    packed = None
+    if wacz:
+        from busscrape.cli.wacz import package
+
+        packed = run(package(s, wacz, locations=summary.locations, archive=archive))
     if task.as_json:
-        sys.stdout.write(orjson.dumps(summary_dict(summary)).decode() + "\n")
+        doc = summary_dict(summary)
+        if packed is not None:
+            doc["wacz"] = {"key": packed.key, "pages": packed.pages, "bytes": packed.size}
+        sys.stdout.write(orjson.dumps(doc).decode() + "\n")
     else:
         out.print(summary_table(summary))
         out.print(how_to_look(summary, s), soft_wrap=True)
+        if packed is not None:
+            from busscrape.cli.wacz import report
+
+            report(packed)
     raise typer.Exit(exit_code(summary, task.strict))
 
 

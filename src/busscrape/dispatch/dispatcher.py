@@ -134,6 +134,7 @@ class Dispatcher:
         on_published: Callable[[str], None] | None = None,
         on_rejected: Callable[[Rejection], None] | None = None,
         on_already_seen: Callable[[str], None] | None = None,
+        on_crawl: Callable[[str], None] | None = None,
     ) -> None:
         self.bus = bus
         self.settings = settings
@@ -142,6 +143,8 @@ class Dispatcher:
         self.on_published = on_published
         self.on_rejected = on_rejected
         self.on_already_seen = on_already_seen
+        self.on_crawl = on_crawl
+        """Called with the id of every crawl a line's ``crawl`` block started (or resumed)."""
         self.drain_timeout = settings.dispatch.drain_timeout
         self.run_id = secrets.token_hex(6)
         self.recrawl_after = settings.dispatch.recrawl_after
@@ -271,6 +274,9 @@ class Dispatcher:
             counts.read += 1
             self._reject(Rejection(item.line, exc.reason, exc.message, preview(item.url)))
             return True
+        if item.crawl is not None:
+            await self._crawl(item, url)
+            return True
         template = self._template
         fits = template.fits(item)
         task_id = template.key(url) if fits else task_key(url, item.steps, item.options)
@@ -292,6 +298,35 @@ class Dispatcher:
             return False  # closed while waiting for a slot: never sent, so never counted
         counts.read += 1
         return True
+
+    async def _crawl(self, item: TaskSpec, url: str) -> None:
+        """A line with a ``crawl`` block: its URL seeds a crawl (``crawl.frontier``) through the
+        same SEEN create as every task; its other pages are found by the workers."""
+        from busscrape.crawl.frontier import Frontier
+        from busscrape.crawl.spec import CrawlSpec, crawl_task_id
+        from busscrape.crawl.state import SEEDS
+        from busscrape.errors import BusscrapeError
+        from busscrape.net.policy import NetworkPolicy
+
+        self.counts.read += 1
+        spec = CrawlSpec.model_validate({**(item.crawl or {}), "seeds": (url,), "steps": item.steps,
+                                         "options": item.options, "labels": item.labels})
+        frontier = Frontier(self.bus.js, self.settings, NetworkPolicy.from_settings(self.settings.network.allow))
+        try:
+            resumed = await frontier.state.page(spec.crawl_id, SEEDS) is not None
+            record = await frontier.seed(spec)
+        except BusscrapeError as exc:
+            self._reject(Rejection(item.line, exc.reason, f"crawl: {exc}", preview(item.url)))
+            return
+        log.info("dispatch.crawl", crawl_id=spec.crawl_id, line=item.line)
+        seed = crawl_task_id(spec.crawl_id, url, spec.steps, spec.options)
+        if seed in record.get("queued", ()):
+            self._seen_before(seed) if resumed else self._published(seed)
+        else:  # refused by robots.txt or the network policy: nothing to wait for
+            self._reject(Rejection(item.line, "crawl_seed_skipped", f"crawl {spec.crawl_id}: the seed was "
+                                   f"skipped ({record.get('skipped')})", preview(item.url)))
+        if self.on_crawl is not None:
+            self.on_crawl(spec.crawl_id)
 
     def _header_template(self) -> str:
         """Every task's NATS header block, built once with ``{task_id}`` and ``{traceparent}``

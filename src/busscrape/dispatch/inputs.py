@@ -72,6 +72,8 @@ class TaskSpec(NamedTuple):
     steps: tuple[Step, ...]
     options: TaskOptions
     labels: dict[str, str]
+    crawl: dict[str, Any] | None = None
+    """A ``crawl`` block: the line's URL seeds a crawl with these rules (``crawl.spec.CrawlSpec``)."""
 
 
 class Rejection(NamedTuple):
@@ -113,6 +115,7 @@ class _SpecLine(BaseModel):
     url: str = Field(min_length=1)
     steps: Steps | None = None
     labels: dict[str, str] | None = None
+    crawl: dict[str, Any] | None = None
 
 
 class LineParser:
@@ -166,7 +169,14 @@ class LineParser:
             return Rejection(number, "invalid_task", describe_validation_error(exc), preview(text))
         steps = self.defaults.steps if line.steps is None else line.steps
         labels = self.defaults.labels if line.labels is None else {**self.defaults.labels, **line.labels}
-        return TaskSpec(number, line.url, steps, options, labels)
+        if line.crawl is not None:
+            from busscrape.crawl.spec import CrawlSpec
+
+            try:  # checked here, with the line's number; the seed is normalised by the dispatcher
+                CrawlSpec.model_validate({**line.crawl, "seeds": (line.url,)})
+            except ValidationError as exc:
+                return Rejection(number, "invalid_crawl", "crawl: " + describe_validation_error(exc), preview(text))
+        return TaskSpec(number, line.url, steps, options, labels, line.crawl)
 
 
 class _Pipe(io.RawIOBase):

@@ -27,8 +27,11 @@ from busscrape.units import Duration
 
 SCHEMA_VERSION = 1
 
-ArtifactKind = Literal["html", "screenshot", "har", "text"]
+ArtifactKind = Literal["html", "screenshot", "har", "text", "warc"]
 DEFAULT_ARTIFACTS: tuple[ArtifactKind, ...] = ("html", "screenshot", "har", "text")
+CRAWL_ARTIFACTS: tuple[ArtifactKind, ...] = (*DEFAULT_ARTIFACTS, "warc")
+"""The artifacts of a crawl's tasks unless it says otherwise: a crawl is a web archive, so its
+pages carry their WARC (``warc``) by default. The one place a crawl mode takes its default from."""
 EXTRACTOR_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 """An extractor's name: its file's name in ``extractors/`` without ``.toml``."""
 
@@ -114,6 +117,17 @@ class TaskOptions(_Model):
         return value
 
 
+class CrawlRef(_Model):
+    """Where a task stands in a crawl (``busscrape crawl``): its rules live in the CRAWLS bucket
+    under ``crawl_id``; the task carries only its place in the link graph."""
+
+    crawl_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    depth: int = Field(0, ge=0)
+    """Seeds are depth 0; a link found on a page of depth d is depth d + 1."""
+    parent: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+    """The task id of the page the link was found on (None for a seed)."""
+
+
 class ScrapeTask(Message):
     """One URL to render."""
 
@@ -128,15 +142,25 @@ class ScrapeTask(Message):
     labels: dict[str, str] = {}
     """Free-form tags carried through to the result and the archive (``job``, ``customer``…)."""
     dispatched_at: datetime = Field(default_factory=utcnow)
+    crawl: CrawlRef | None = None
+    """Set on the tasks of a crawl: the page's links are followed (``crawl.frontier``)."""
 
 
 def identity_tail(steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None) -> bytes:
     """What a task's identity holds beside its URL, encoded once: the dispatcher reuses it for every
     URL that shares the steps and options."""
     options = options or TaskOptions()
-    encoded = orjson.dumps([[s.model_dump(mode="json") for s in steps], options.model_dump(mode="json")],
+    # Options added after ids were first given out count only once set: unset, they leave every
+    # id as it was, so SEEN's recrawl window and every archived folder keep their meaning.
+    unset = {name for name in LATER_OPTIONS if getattr(options, name) is None}
+    encoded = orjson.dumps([[s.model_dump(mode="json") for s in steps], options.model_dump(mode="json", exclude=unset)],
                            option=orjson.OPT_SORT_KEYS)
     return b"," + encoded[1:]
+
+
+LATER_OPTIONS = ("extractor",)
+"""TaskOptions fields that are part of a task's id only when set (see ``identity_tail``): a new
+option goes here, or it changes the id of every task (``tests/model/test_messages.py`` pins them)."""
 
 
 def task_key(url: str, steps: tuple[Step, ...] | list[Step] = (), options: TaskOptions | None = None, *,
@@ -159,8 +183,8 @@ class ArtifactRef(_Model):
     """A claim check: where an artifact waits in the ARTIFACTS object store, and its digest."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
-    """File name in the archive (``page.html``, ``screenshot.png``, ``shot-<name>.png``)."""
-    kind: Literal["html", "screenshot", "har", "text", "extra_screenshot", "extracted"]
+    """File name in the archive (``page.html``, ``screenshot.png``, ``shot-<name>.png``, ``page.warc.gz``)."""
+    kind: Literal["html", "screenshot", "har", "text", "warc", "extra_screenshot", "extracted"]
     """(``extracted`` names the archive's ``extracted.json``, written from the result itself.)"""
     object: str
     """Object name in the ARTIFACTS bucket."""
@@ -210,6 +234,8 @@ class ScrapeResult(Message):
     """When the task was dispatched (tells re-dispatches of one task id apart)."""
     extraction: Extraction | None = None
     """The task's extractor's record (tasks with an ``extractor`` only)."""
+    crawl: CrawlRef | None = None
+    """The task's place in its crawl (crawl tasks only); ``meta.json`` records it."""
 
 
 # -- dead letter --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -36,6 +37,10 @@ from busscrape.ops.nats_server import EmbeddedNatsServer, free_port
 from busscrape.ops.supervisor import Daemons
 from busscrape.settings import Settings
 from busscrape.status.tracker import Tracker
+
+if TYPE_CHECKING:
+    from busscrape.crawl.progress import CrawlSummary
+    from busscrape.crawl.spec import CrawlSpec
 
 log = structlog.get_logger("busscrape.run")
 
@@ -57,6 +62,8 @@ class RunOptions:
     fmt: InputFormat = "auto"
     on_rejected: Callable[[Rejection], None] | None = None
     """Called with each rejected input line (``--rejects`` writes them)."""
+    crawl: CrawlSpec | None = None
+    """Crawl from these rules instead of dispatching ``source`` (``busscrape crawl``)."""
 
 
 @dataclass
@@ -76,6 +83,8 @@ class RunSummary:
     earlier: Counter[str] = field(default_factory=Counter)
     """Outcomes among ``outcomes`` recorded before this run began (a re-run of the same input
     finds its tasks already seen, and most of them already archived)."""
+    crawl: CrawlSummary | None = None
+    """What the crawl's links became (``busscrape crawl``)."""
 
     @property
     def archived_now(self) -> int:
@@ -126,6 +135,8 @@ class Runner:
         self._stops = 0
         self._dispatcher: Dispatcher | None = None
         self.rejections: list[Rejection] = []
+        self._crawls: dict[str, Any] = {}
+        """crawl id -> its ``CrawlWatch``: crawls that lines of the input started (``crawl`` blocks)."""
         self.pids = PidFiles(settings.state_dir)
 
     def stop(self) -> None:
@@ -169,8 +180,16 @@ class Runner:
             if daemons is None and self.options.with_daemons:
                 daemons = Daemons(settings, workers=self.options.workers)
                 await stack.enter_async_context(daemons)
-            summary = await self._dispatch(bus, settings, tracker)
-            await self._wait(tracker, summary, started)
+            crawl = None
+            if self.options.crawl is not None:
+                from busscrape.crawl.run import crawl_until_done
+
+                summary = None
+                crawl = await crawl_until_done(bus, settings, self.options.crawl, tracker, self._stop,
+                                               lambda: self._report(tracker, None, time.monotonic() - started))
+            else:
+                summary = await self._dispatch(bus, settings, tracker)
+                await self._wait(tracker, summary, started)
             unfiled = await self._letters_archived(bus, tracker) if not self._stop.is_set() else 0
             if daemons is not None:
                 # Done: the daemons are idle and exit at once. Interrupted: a few seconds for
@@ -186,7 +205,7 @@ class Runner:
                               seconds=time.monotonic() - started, archive=archive,
                               interrupted=self._stop.is_set(),
                               failed_daemons=daemons.failed() if daemons else [], letters_unarchived=unfiled,
-                              locations=locations, earlier=earlier)
+                              locations=locations, earlier=earlier, crawl=crawl)
 
     async def _embedded(self, stack: AsyncExitStack, settings: Settings) -> tuple[Settings, Daemons]:
         """The embedded nats-server and the local daemons, started side by side: the daemons'
@@ -237,6 +256,8 @@ class Runner:
             on_published=lambda task_id: tracker.expect(task_id, since),
             on_already_seen=tracker.expect_existing,
             on_rejected=self._rejected,
+            on_crawl=lambda crawl_id: self._crawls.setdefault(crawl_id, asyncio.ensure_future(
+                self._watch_crawl(bus, tracker, crawl_id))),
         )
         async with self._dispatcher as dispatcher:
             if self._stop.is_set():
@@ -246,6 +267,21 @@ class Runner:
                 await asyncio.wait({dispatching}, timeout=0.5)
                 self._report(tracker, dispatcher.summary(), 0.0)
             return dispatching.result()
+
+    async def _watch_crawl(self, bus: Bus, tracker: Tracker, crawl_id: str) -> Any:
+        from busscrape.crawl.progress import CrawlWatch
+        from busscrape.crawl.state import CrawlState
+
+        watch = CrawlWatch(CrawlState(bus.js), tracker, crawl_id)
+        await watch.start()
+        return watch
+
+    async def _crawls_done(self) -> bool:
+        """Every crawl the input started has followed all its pages (``crawl.progress``)."""
+        for started in self._crawls.values():
+            if not started.done() or not started.result().done:
+                return False
+        return True
 
     def _rejected(self, rejection: Rejection) -> None:
         self.rejections.append(rejection)
@@ -274,10 +310,17 @@ class Runner:
         return max(waiting, 0)
 
     async def _wait(self, tracker: Tracker, summary: DispatchSummary, started: float) -> None:
-        while not tracker.done and not self._stop.is_set():
-            await tracker.changed(timeout=0.5)
+        try:
+            while not (tracker.done and await self._crawls_done()) and not self._stop.is_set():
+                await tracker.changed(timeout=0.5)
+                self._report(tracker, summary, time.monotonic() - started)
             self._report(tracker, summary, time.monotonic() - started)
-        self._report(tracker, summary, time.monotonic() - started)
+        finally:
+            for started_watch in self._crawls.values():
+                if started_watch.done() and not started_watch.cancelled():
+                    await started_watch.result().stop()
+                else:
+                    started_watch.cancel()
 
     def _report(self, tracker: Tracker, summary: DispatchSummary | None, elapsed: float) -> None:
         if self.progress is not None:

@@ -260,6 +260,11 @@ class WorkerSettings(_Section):
     with ``page_too_large``."""
     max_har_bytes: Size = "100MB"
     """Largest HAR accepted; response bodies are dropped first, then the task fails."""
+    max_warc_bytes: Size = "100MB"
+    """Most bytes of payload (bodies, the DOM, screenshots) one page's WARC holds; what comes
+    after is recorded without its body (``WARC-Truncated: length``)."""
+    max_warc_body_bytes: Size = "20MiB"
+    """Most bytes of one response body in a WARC; a longer body is cut (``WARC-Truncated: length``)."""
     max_screenshot_height: int = Field(4096, ge=256)
     """Full-page screenshots are cut at this many CSS pixels (about five screens): a very long page
     costs no more than a page this tall (the README's performance section has the figures)."""

@@ -124,6 +124,10 @@ class Tracker:
     def done(self) -> bool:
         return not self._lookups and all(t in self.final for t in self.expected)
 
+    def poke(self) -> None:
+        """Wake ``changed()``: something beside STATUS moved (a crawl's page record)."""
+        self._changed.set()
+
     async def changed(self, timeout: float) -> None:
         """Return after the next change, or after ``timeout``."""
         with contextlib.suppress(TimeoutError):

@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
-from busscrape.artifacts.files import CONTENT_TYPES, HAR_FILE, HTML_FILE, TEXT_FILE, screenshot_file
+from busscrape.artifacts.files import CONTENT_TYPES, HAR_FILE, HTML_FILE, TEXT_FILE, WARC_FILE, screenshot_file
+from busscrape.crawl.links import LINKS_JS, MAX_LINKS, PageLinks
 from busscrape.errors import LimitExceeded, NavigationTimeout
 from busscrape.model import bounds
 from busscrape.model.messages import ScrapeTask
 from busscrape.settings import WorkerSettings
 from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.har import HarRecorder
+from busscrape.worker.warc import Resource, WarcRecorder
 
 SCREENSHOT_TIMEOUT = 30.0  # seconds; a screenshot that takes longer is a page that will not settle
 MAX_TITLE = 1000
@@ -58,12 +61,12 @@ _CAPTURE_JS = """(wantText) => {
 
 @dataclass(frozen=True)
 class Capture:
-    """One file of a render, as bytes."""
+    """One file of a render, as bytes (or a file at its start, for the WARC: read chunk by chunk)."""
 
     file: str
     kind: str
     content_type: str
-    data: bytes
+    data: bytes | IO[bytes]
 
 
 @dataclass
@@ -81,6 +84,8 @@ class Rendered:
     har_bodies_dropped: bool = False
     html: str | None = None
     """The rendered DOM as HTML, for the task's extractor (tasks with one only)."""
+    links: PageLinks | None = None
+    """The links of the rendered DOM (crawl tasks only)."""
 
 
 @dataclass
@@ -98,6 +103,9 @@ class Visit:
     """Screenshots the steps took."""
     har: HarRecorder | None
     timings: dict[str, float]
+    warc: WarcRecorder | None = None
+    follow: str | None = None
+    """CSS selector of the links to read (crawl tasks only)."""
 
 
 class Capturer:
@@ -112,6 +120,8 @@ class Capturer:
         page, task, timings = visit.tab.page, visit.task, visit.timings
         opts = task.options
         dom = await page.evaluate(_CAPTURE_JS, "text" in opts.artifacts)
+        # Read with the DOM, after the steps: links that JavaScript made are there too.
+        links = PageLinks.from_js(await page.evaluate(LINKS_JS, [visit.follow, MAX_LINKS])) if visit.follow else None
         if "html" in opts.artifacts or opts.extractor:
             dom["html"] = await page.content()
         captures = self._texts(task, dom)
@@ -125,6 +135,8 @@ class Capturer:
         if visit.har is not None:
             har_capture, dropped = await self._har(visit.har, dom["title"], timings)
             captures.append(har_capture)
+        if visit.warc is not None:
+            captures.append(await self._warc(visit, dom, captures))
         blocked = [url for url, why in visit.failed if "SOCKS" in why or "blockedbyclient" in why]
         # What the page controls is bounded here, each cut marked: the result always fits in RESULTS.
         return Rendered(final_url=bounds.cut(page.url, bounds.MAX_URL), status=visit.status,
@@ -132,7 +144,7 @@ class Capturer:
                         response_headers=bounds.headers(visit.headers), title=bounds.cut(dom["title"], MAX_TITLE),
                         timings=timings, captures=captures,
                         blocked_requests=list(bounds.urls(blocked, most=bounds.MAX_BLOCKED)),
-                        har_bodies_dropped=dropped, html=dom["html"] if opts.extractor else None)
+                        har_bodies_dropped=dropped, html=dom["html"] if opts.extractor else None, links=links)
 
     def _texts(self, task: ScrapeTask, dom: dict) -> list[Capture]:
         """The rendered HTML (refused over ``max_page_bytes``) and the visible text (cut there)."""
@@ -160,6 +172,23 @@ class Capturer:
         except ValueError as exc:
             raise LimitExceeded(str(exc), reason="har_too_large") from None
         return Capture(HAR_FILE, "har", CONTENT_TYPES["har"], data), dropped
+
+    async def _warc(self, visit: Visit, dom: dict, captures: list[Capture]) -> Capture:
+        """The page's WARC: its traffic, then its metadata and the DOM and screenshots as resources."""
+        page, task = visit.tab.page, visit.task
+        url = page.url
+        html = dom.get("html")
+        if html is None:
+            html = await page.content()
+        resources = [Resource(f"urn:dom:{url}", CONTENT_TYPES["html"], html.encode("utf-8", "surrogatepass"))]
+        resources += [Resource(f"urn:screenshot:{url}" if c.kind == "screenshot" else f"urn:screenshot:{c.file}:{url}",
+                               c.content_type, c.data) for c in captures
+                      if c.kind in ("screenshot", "extra_screenshot") and isinstance(c.data, bytes)]
+        spool = await visit.warc.finish({
+            "task_id": task.task_id, "url": task.url, "final_url": url, "status": visit.status,
+            "title": bounds.cut(dom["title"], MAX_TITLE), "timings": visit.timings, "labels": task.labels,
+        }, resources)
+        return Capture(WARC_FILE, "warc", CONTENT_TYPES["warc"], spool)
 
     async def screenshot(self, tab: Tab, task: ScrapeTask, *, full_page: bool, height: int | None) -> bytes:
         """The viewport, or the page up to ``max_screenshot_height`` CSS pixels."""

@@ -31,7 +31,8 @@ from busscrape.artifacts.store import ArtifactStore, object_name
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
-from busscrape.bus.retry import patiently
+from busscrape.bus.retry import TRANSIENT, patiently
+from busscrape.crawl.frontier import Frontier
 from busscrape.errors import (
     InvalidTask,
     MessageDecodeError,
@@ -92,6 +93,7 @@ class Worker(PullService):
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
         self.extractors = Registry.load(settings.extract.dir)
         self.extraction: ExtractionPool | None = None
+        self.frontier = Frontier(bus.js, settings, self.policy)
         self._stack = AsyncExitStack()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -182,6 +184,12 @@ class Worker(PullService):
             return False
         if standing:
             await self.results.sweep(task, seq, range(1, story.attempt), keep=objects_of(standing))
+        if task.crawl is not None:
+            try:
+                await self._follow(task)  # the links kept before the result, if they were not followed
+            except RetryableError as exc:  # robots.txt or NATS not answering: the links wait, the page stands
+                await self.retry_later(msg, exc, "task.links_later", reason=exc.reason)
+                return True
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         self.count("already_done")
         log.info("task.already_done", settled=story.settled, standing=len(standing or ()))
@@ -200,6 +208,8 @@ class Worker(PullService):
             scraped_at = utcnow()
             rendered = await self._render(task)
             extraction = await self._extract(task, rendered)
+            if task.crawl is not None:
+                await self._keep_links(task, rendered)
             result = await self._result(task, seq, attempt, rendered, scraped_at, extraction)
             await running
             # Sent beside the result, so it costs no round trip, and on top of `running`: should
@@ -209,6 +219,9 @@ class Worker(PullService):
                 stands = await self.results.publish(task, result)
             finally:
                 await recorded
+            if task.crawl is not None:
+                # After the result stands: a page's links never outrun the page itself.
+                await self._follow(task, rendered)
             await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         except RetryableError as exc:
             span.set_attribute("busscrape.outcome", f"retry:{exc.reason}")
@@ -257,16 +270,39 @@ class Worker(PullService):
         rendered.html = None  # not kept while the result is uploaded and published
         return records.extraction(extractor, outcome, max_bytes=self.settings.extract.max_record_bytes)
 
+    async def _keep_links(self, task: ScrapeTask, rendered: Rendered) -> None:
+        try:
+            await self.frontier.keep(task, rendered.final_url, rendered.links)
+        except TRANSIENT as exc:
+            raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}") from None
+
+    async def _follow(self, task: ScrapeTask, rendered: Rendered | None = None) -> None:
+        """The crawl's next tasks from this page's links (``crawl.frontier``)."""
+        try:
+            if rendered is None:
+                await self.frontier.follow(task)
+            else:
+                await self.frontier.follow(task, rendered.final_url, rendered.links)
+        except TRANSIENT as exc:
+            raise StorageUnavailable(f"following links: {exc or type(exc).__name__}") from None
+
     async def _render(self, task: ScrapeTask) -> Rendered:
         """The page rendered and captured within ``task_timeout``, which starts once the host's
         politeness lets the task go: waiting for a busy host is not rendering."""
         assert self.renderer is not None
         host = urlsplit(task.url).hostname or ""
+        follow, floor = None, None
+        if task.crawl is not None:
+            try:
+                follow = (await self.frontier.state.spec(task.crawl.crawl_id)).follow
+                floor = await self.frontier.crawl_delay(task)  # robots.txt's Crawl-delay for this host
+            except TRANSIENT as exc:
+                raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}") from None
         async with self.gate.enter(host):
-            await self.gate.pace(host)
+            await self.gate.pace(host, floor=floor)
             try:
                 async with asyncio.timeout(self.settings.worker.task_timeout):
-                    return await self.renderer.render(task)
+                    return await self.renderer.render(task, follow=follow)
             except TimeoutError:
                 raise NavigationTimeout(f"task took longer than task_timeout "
                                         f"{self.settings.worker.task_timeout:.0f}s", reason="task_timeout") from None
@@ -290,5 +326,5 @@ class Worker(PullService):
             response_headers=rendered.response_headers, title=rendered.title, timings=rendered.timings,
             artifacts=tuple(refs), labels=task.labels, worker=self.settings.worker.name, attempt=attempt,
             scraped_at=scraped_at, blocked_requests=tuple(rendered.blocked_requests),
-            dispatched_at=task.dispatched_at, extraction=extraction,
+            dispatched_at=task.dispatched_at, extraction=extraction, crawl=task.crawl,
         )

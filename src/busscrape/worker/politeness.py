@@ -61,16 +61,18 @@ class HostGate:
         finally:
             host.users -= 1
 
-    async def pace(self, name: str) -> None:
-        """Wait until this host may see the next navigation start."""
-        if self.delay <= 0:
+    async def pace(self, name: str, floor: float | None = None) -> None:
+        """Wait until this host may see the next navigation start. ``floor``: a longer gap the
+        host itself asks for (robots.txt ``Crawl-delay``, from ``crawl.robots``)."""
+        delay = max(self.delay, floor or 0.0)
+        if delay <= 0:
             return
         host = self._host(name.lower())
         # Serialise the start times, not the pages: each start reserves the next one.
         async with host.lock:
             now = time.monotonic()
             wait = host.next_start - now
-            reserved = host.next_start = max(host.next_start, now) + self.delay
+            reserved = host.next_start = max(host.next_start, now) + delay
         if wait > 0:
             try:
                 await asyncio.sleep(wait)
@@ -78,5 +80,5 @@ class HostGate:
                 # A waiter that gives up (its task stopped) gives its start back, unless a later
                 # one has reserved after it: then the gap stays as the later one expects it.
                 if host.next_start == reserved:
-                    host.next_start -= self.delay
+                    host.next_start -= delay
                 raise

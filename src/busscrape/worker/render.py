@@ -39,6 +39,7 @@ from busscrape.worker.har import HarRecorder
 from busscrape.worker.page_errors import first_line, navigation_error, page_error, retry_after_seconds
 from busscrape.worker.status_policy import StatusPolicy
 from busscrape.worker.step_runner import run_steps
+from busscrape.worker.warc import PayloadIndex, WarcRecorder
 
 __all__ = ["Capture", "Rendered", "Renderer"]
 
@@ -52,6 +53,7 @@ class _Watch:
     oversize: int | None = None
     """The Content-Length of a main document over ``max_page_bytes`` (the page was closed)."""
     har: HarRecorder | None = None
+    warc: WarcRecorder | None = None
     listeners: list[tuple[str, Any]] = field(default_factory=list)
 
     def on(self, event: str, handler: Any) -> None:
@@ -74,6 +76,8 @@ class Renderer:
         self.statuses = StatusPolicy.parse(settings.retry_statuses, settings.dead_statuses)
         self.capturer = Capturer(settings, browser_version=lambda: pool.version)
         self._chores: set[asyncio.Future[Any]] = set()
+        self.payloads = PayloadIndex()
+        """The payloads this worker's WARCs hold: a later page's identical ones are revisits."""
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run a page chore (close an oversize page) without waiting; failures do not matter."""
@@ -81,7 +85,8 @@ class Renderer:
         self._chores.add(chore)
         chore.add_done_callback(lambda done: (self._chores.discard(done), done.cancelled() or done.exception()))
 
-    async def render(self, task: ScrapeTask) -> Rendered:
+    async def render(self, task: ScrapeTask, follow: str | None = None) -> Rendered:
+        """``follow``: the CSS selector of the links to read from the page (crawl tasks)."""
         opts = task.options
         await self.policy.check_url(task.url)
         async with self.pool.tab(user_agent=opts.user_agent) as tab:
@@ -89,7 +94,11 @@ class Renderer:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
                 watch = await self._watch(tab, task)
                 try:
-                    return await self._visit(tab, task, watch)
+                    return await self._visit(tab, task, watch, follow)
+                except BaseException:
+                    if watch.warc is not None:
+                        watch.warc.close()  # its temporary file: no capture will carry it
+                    raise
                 finally:
                     watch.detach()
             except PlaywrightTimeout as exc:
@@ -131,9 +140,14 @@ class Renderer:
             watch.har = HarRecorder(page, embed_bodies=opts.har_content == "embed",
                                     max_total_bytes=self.settings.max_har_bytes)
             watch.listeners.extend(watch.har.listeners())
+        if "warc" in opts.artifacts:
+            watch.warc = WarcRecorder(page, max_body_bytes=self.settings.max_warc_body_bytes,
+                                      max_total_bytes=self.settings.max_warc_bytes, payloads=self.payloads,
+                                      browser_version=self.pool.version)
+            watch.listeners.extend(watch.warc.listeners())
         return watch
 
-    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch) -> Rendered:
+    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch, follow: str | None = None) -> Rendered:
         started = time.perf_counter()
         timeout = task.options.navigation_timeout or self.settings.navigation_timeout
         tab.page.set_default_timeout(timeout * 1000)
@@ -143,7 +157,8 @@ class Renderer:
         shots = await self._steps(tab, task, timeout)
         stepped = time.perf_counter()
         visit = Visit(tab, task, status, headers, chain, watch.failed, shots, watch.har,
-                      {"navigation": _ms(navigated - started), "steps": _ms(stepped - navigated)})
+                      {"navigation": _ms(navigated - started), "steps": _ms(stepped - navigated)}, warc=watch.warc,
+                      follow=follow)
         with tracing.span("capture", artifacts=",".join(task.options.artifacts)):
             rendered = await self.capturer.capture(visit)
         done = time.perf_counter()

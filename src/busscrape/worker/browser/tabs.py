@@ -173,6 +173,8 @@ class Tab:
 
     def _dialog(self, dialog: Dialog) -> None:
         # Dismiss alerts, confirms and prompts; accept "leave this page?" so navigation proceeds.
+        # Playwright's client does the same when a page has no dialog listener; ours says so here
+        # rather than leaving the worker's behaviour to a default of the library.
         action = dialog.accept() if dialog.type == "beforeunload" else dialog.dismiss()
         self._background(action)
 

@@ -1,0 +1,193 @@
+"""``busscrape crawl SEED…``: follow links from the seeds within a scope, a depth and a budget
+(and ``busscrape crawl status ID``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from busscrape.cli import options
+from busscrape.cli.app import app, out, run, settings
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from busscrape.crawl.progress import CrawlSummary
+    from busscrape.crawl.spec import CrawlSpec
+    from busscrape.settings import Settings
+
+
+HELP = """Crawl from SEED URLs: render each page, follow its links within --scope, up to --depth,
+at most --max-pages pages, obeying robots.txt (--robots ignore to not), and archive every page.
+
+Like `busscrape run`: without BUSSCRAPE_NATS__URL it runs the whole pipeline on an embedded
+nats-server and returns when the crawl is done, with a summary; with a NATS URL it starts the
+crawl on the fleet and waits (--detach: return at once, printing the crawl id). Every task
+option (--steps, --artifacts, --label …) applies to every page of the crawl. The same command
+again resumes the crawl (its id is a digest of the seeds and the options). `busscrape crawl
+status ID` shows a crawl's progress. Exit codes: 0 done; 1 pages unfinished; 2 configuration;
+130 interrupted.
+"""
+
+
+@app.command("crawl", help=HELP)
+@options.task_options
+def crawl_cmd(
+    seeds: list[str] = typer.Argument(..., metavar="SEED…", help="Start URLs (depth 0); `status ID` shows a crawl."),
+    scope: str = typer.Option("host", "--scope", help="page, prefix, host, domain (registrable domain) or any."),
+    include: list[str] = typer.Option([], "--include", metavar="REGEX", help="Follow only links matching one. "
+                                      "Repeatable."),
+    exclude: list[str] = typer.Option([], "--exclude", metavar="REGEX", help="Never follow links matching one. "
+                                      "Repeatable."),
+    depth: int = typer.Option(3, "--depth", help="Seeds are depth 0; links found at this depth are not followed."),
+    max_pages: int | None = typer.Option(None, "--max-pages", help="At most this many pages, across the fleet."),
+    sitemaps: bool = typer.Option(False, "--sitemaps", help="Also seed with the sites' sitemap URLs."),
+    sitemap_since: str | None = typer.Option(None, "--sitemap-since", metavar="DATE",
+                                             help="Only sitemap URLs modified since (ISO 8601)."),
+    robots: str = typer.Option("obey", "--robots", help="obey or ignore robots.txt."),
+    robots_agent: str = typer.Option("busscrape", "--robots-agent", help="User-agent token robots.txt is read for."),
+    follow: str | None = typer.Option(None, "--follow", metavar="SELECTOR",
+                                      help="CSS selector of the links to follow (default a[href], area[href], "
+                                           "link[rel=next])."),
+    workers: int | None = typer.Option(None, "--workers", "-w", help="Worker processes (default: cores / 2)."),
+    concurrency: int | None = typer.Option(None, "--concurrency", "-c", help="Pages at once per worker."),
+    archive: Path | None = typer.Option(None, "--archive", help="Archive folder (when no S3 endpoint is set)."),
+    with_daemons: bool = typer.Option(False, "--with-daemons", help="With a NATS URL: run local daemons too."),
+    detach: bool = typer.Option(False, "--detach", help="With a NATS URL: start the crawl and return."),
+    allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
+                                    help="Open a non-public address to pages (repeatable)."),
+    nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
+    wacz: str | None = typer.Option(None, "--wacz", metavar="NAME",
+                                    help="Then package the crawl's WARCs as wacz/NAME.wacz (see busscrape wacz)."),
+    *,
+    task: options.TaskFlags,
+) -> None:
+    import orjson
+
+    from busscrape.cli.run import exit_code, how_to_look, quiet_logs, summary_table
+
+    if seeds[0] == "status":
+        if len(seeds) != 2:
+            options.usage("write `busscrape crawl status CRAWL_ID`")
+        s = settings(nats={"url": nats_url}, state_nats=True)
+        summary = run(_status(s, seeds[1]))
+        _print(summary, task.as_json)
+        raise typer.Exit(0)
+    task.check()
+    if task.artifacts is None:  # a crawl is a web archive: its pages carry their WARC unless told otherwise
+        from busscrape.model.messages import CRAWL_ARTIFACTS
+
+        task.artifacts = ",".join(CRAWL_ARTIFACTS)
+    base = settings()
+    s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
+                 archive={"dir": archive}, dispatch=task.dispatch_settings(),
+                 network={"allow": [*base.network.allow, *allow]})
+    spec = build_spec(s, seeds, task.defaults(), scope=scope, include=include, exclude=exclude, depth=depth,
+                      max_pages=max_pages, sitemaps=sitemaps, sitemap_since=sitemap_since, robots=robots,
+                      robots_agent=robots_agent, follow=follow)
+    if detach:
+        if not s.nats.url:
+            options.usage("--detach needs a NATS URL (--nats-url, BUSSCRAPE_NATS__URL): an embedded crawl ends "
+                          "with the command")
+        seeded = run(_detach(s, spec))
+        if task.as_json:
+            sys.stdout.write(orjson.dumps({"crawl_id": spec.crawl_id, "seeds": seeded}).decode() + "\n")
+        else:
+            out.print(f"crawl {spec.crawl_id} started: {seeded.get('queued', 0)} seed(s) queued; "
+                      f"`busscrape crawl status {spec.crawl_id}` follows it")
+        raise typer.Exit(0)
+    from busscrape.cli.run import execute
+    from busscrape.ops.runner import RunOptions
+
+    opts = RunOptions(source="", defaults=task.defaults(), with_daemons=with_daemons, crawl=spec)
+    if workers:
+        opts.workers = workers
+    summary = run(execute(s, opts))
+    packed = None
+    if wacz:
+        from busscrape.cli.wacz import package
+
+        packed = run(package(s, wacz, locations=summary.locations, archive=archive))
+    if task.as_json:
+        from busscrape.cli.run import summary_dict
+
+        doc = summary_dict(summary)
+        doc["crawl"] = summary.crawl.as_dict() if summary.crawl else None
+        if packed is not None:
+            doc["wacz"] = {"key": packed.key, "pages": packed.pages, "bytes": packed.size}
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    else:
+        if summary.crawl is not None:
+            out.print(crawl_table(summary.crawl))
+        out.print(summary_table(summary))
+        out.print(how_to_look(summary, s), soft_wrap=True)
+        if packed is not None:
+            from busscrape.cli.wacz import report
+
+            report(packed)
+    raise typer.Exit(exit_code(summary, False))
+
+
+def build_spec(s: Settings, seeds: list[str], defaults: Any, **rules: Any) -> CrawlSpec:
+    """The crawl's rules from the flags (exit 2 naming what is wrong)."""
+    from pydantic import ValidationError
+
+    from busscrape.crawl.run import make_spec
+    from busscrape.errors import InputError
+    from busscrape.model.messages import describe_validation_error
+
+    try:
+        return make_spec(s, seeds, steps=defaults.steps, options=defaults.options, labels=defaults.labels, **rules)
+    except InputError as exc:
+        options.usage(exc.message)
+    except ValidationError as exc:
+        options.usage(f"invalid crawl: {describe_validation_error(exc)}")
+
+
+async def _detach(s: Settings, spec: CrawlSpec) -> dict[str, int]:
+    from busscrape.bus.connection import Bus
+    from busscrape.crawl.run import start_crawl
+
+    async with await Bus.connect(s, name="busscrape-crawl") as bus:
+        record = await start_crawl(bus, s, spec)
+    return record.get("counts") or {}
+
+
+async def _status(s: Settings, crawl_id: str) -> CrawlSummary:
+    from busscrape.bus.connection import Bus
+    from busscrape.crawl.run import crawl_status
+
+    async with await Bus.connect(s, name="busscrape-crawl-status") as bus:
+        summary = await crawl_status(bus, crawl_id)
+    if summary is None:
+        options.usage(f"no crawl {crawl_id!r} on this server (its id is printed when it starts)")
+    return summary
+
+
+def _print(summary: CrawlSummary, as_json: bool) -> None:
+    import orjson
+
+    if as_json:
+        sys.stdout.write(orjson.dumps(summary.as_dict(), option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    else:
+        out.print(crawl_table(summary))
+
+
+def crawl_table(summary: CrawlSummary) -> Table:
+    from rich.table import Table
+
+    depths = sorted(summary.by_depth)
+    table = Table("links", "total", *(f"depth {d}" for d in depths), title=f"crawl {summary.crawl_id}",
+                  title_justify="left")
+    for outcome, total in summary.links.items():
+        if total or outcome in ("discovered", "queued"):
+            table.add_row(outcome.replace("_", " "), f"{total:,}",
+                          *(f"{summary.by_depth[d].get(outcome, 0):,}" for d in depths))
+    table.caption = (f"{summary.archived:,} pages archived, {summary.dead:,} dead, "
+                     f"{summary.budget_used:,} queued of the budget; links not followed on "
+                     + (", ".join(f"{n} page(s): {why}" for why, n in summary.not_followed.items()) or "no page"))
+    return table
+

@@ -1,0 +1,245 @@
+"""The frontier: discovered links in, new tasks in SEEN out, every link accounted for.
+
+A page's links go through, in order: the dispatcher's normaliser (``dispatch.urls``: one
+spelling per page, tracking parameters and fragments dropped per settings), the crawl's scope
+and include/exclude (``scope``), the network policy, robots.txt (``robots``), then SEEN: a link
+whose task is there already is a duplicate; the rest take slots of the crawl's budget
+(``state.reserve``, compare-and-set) and are *created* in SEEN exactly as ``busscrape dispatch``
+creates tasks (``Nats-Expected-Last-Subject-Sequence: 0``: first writer wins), which queues them
+in TASKS. Two workers finding one link make one task; a slot reserved for a link another worker
+created in between is given back.
+
+What the links became is written once per page (``<crawl>.page.<task_id>``), after its result:
+a redelivery of the page finds that record and does nothing twice, or finds only the links kept
+for it (``<crawl>.links.<task_id>``, written before the result) and finishes the job. A link
+created by an earlier attempt of the same page is recognised by its ``parent`` and counted as
+queued by this page, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import nats.js.errors
+import structlog
+from nats.js import JetStreamContext
+
+from busscrape.bus import names
+from busscrape.bus.publisher import WRONG_LAST_SEQUENCE
+from busscrape.crawl.links import PageLinks
+from busscrape.crawl.robots import Robots, origin_of
+from busscrape.crawl.scope import ScopeRules
+from busscrape.crawl.spec import CrawlSpec, crawl_task_id
+from busscrape.crawl.state import SEEDS, CrawlState
+from busscrape.dispatch.urls import UrlNormaliser, UrlRules
+from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked, RetryableError
+from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode
+from busscrape.net.policy import NetworkPolicy
+from busscrape.settings import Settings
+
+log = structlog.get_logger("busscrape.crawl")
+
+OUTCOMES = ("discovered", "queued", "duplicate", "invalid", "out_of_scope", "excluded", "not_included", "blocked",
+            "robots_disallowed", "budget_cut", "depth_cut")
+"""What a page record counts: every discovered link ends in exactly one of the others."""
+MAX_SKIPPED = 50  # skipped links named in a page record (the counts hold them all)
+IN_FLIGHT = 64  # SEEN requests at once per page
+MAX_ORIGINS = 10_000  # policy verdicts remembered per process
+
+
+class Frontier:
+    def __init__(self, js: JetStreamContext, settings: Settings, policy: NetworkPolicy) -> None:
+        self.js = js
+        self.state = CrawlState(js)
+        self.policy = policy
+        self.robots = Robots(self.state, policy)
+        self._normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
+        self._ttl = str(max(1, int(settings.dispatch.recrawl_after)))
+        self._rules: dict[str, ScopeRules] = {}
+        self._slots = asyncio.Semaphore(IN_FLIGHT)
+        self._blocked: dict[str, bool] = {}
+        """origin → whether the network policy refuses it (the worker's egress checks every request anyway)."""
+
+    def rules(self, spec: CrawlSpec) -> ScopeRules:
+        rules = self._rules.get(spec.crawl_id)
+        if rules is None:
+            rules = self._rules[spec.crawl_id] = ScopeRules(spec)
+        return rules
+
+    # -- seeds ------------------------------------------------------------------------------
+
+    async def seed(self, spec: CrawlSpec, extra: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+        """Store the crawl and queue its seeds (and ``extra`` URLs, from sitemaps) at depth 0;
+        a crawl seeded before keeps its seed record (it resumes)."""
+        await self.state.start(spec)
+        record = await self.state.page(spec.crawl_id, SEEDS)
+        if record is None:
+            record = {"url": None, "depth": -1, "parent": None,
+                      **await self._enqueue(spec, None, 0, [*spec.seeds, *extra], scoped=bool(extra),
+                                            seeds=set(spec.seeds))}
+            await self.state.record_page(spec.crawl_id, SEEDS, record)
+            record = await self.state.page(spec.crawl_id, SEEDS) or record
+        return record
+
+    # -- a rendered page --------------------------------------------------------------------
+
+    async def keep(self, task: ScrapeTask, final_url: str, links: PageLinks | None) -> None:
+        """Keep a page's links until they are followed (written before its result)."""
+        assert task.crawl is not None
+        await self.state.save_links(task.crawl.crawl_id, task.task_id,
+                                    {"final_url": final_url, **(links.as_dict() if links else {})})
+
+    async def follow(self, task: ScrapeTask, final_url: str | None = None, links: PageLinks | None = None) -> bool:
+        """Queue the page's links (once). Without ``links``: those ``keep`` stored (a redelivery
+        of a page whose result stands). False when there is nothing to follow from."""
+        crawl = task.crawl
+        assert crawl is not None
+        if await self.state.page(crawl.crawl_id, task.task_id) is not None:
+            return True  # an earlier delivery did it
+        if links is None:
+            kept = await self.state.links(crawl.crawl_id, task.task_id)
+            if kept is None:
+                return False
+            final_url, links = kept.get("final_url") or task.url, PageLinks.from_js(kept)
+        spec = await self.state.spec(crawl.crawl_id)
+        record: dict[str, Any] = {"url": task.url, "depth": crawl.depth, "parent": crawl.parent,
+                                  "final_url": final_url}
+        rules = self.rules(spec)
+        if not links.followable:
+            record.update(counts={}, queued=[], not_followed="not_html")
+        elif final_url and final_url != task.url and rules.in_scope(task.url) and not rules.in_scope(final_url):
+            record.update(counts={}, queued=[], not_followed="redirected_out_of_scope")
+        elif crawl.depth >= spec.depth or spec.scope == "page":
+            record.update(counts={"discovered": links.total, "depth_cut": links.total}, queued=[],
+                          not_followed="depth")
+        else:
+            record.update(await self._enqueue(spec, task.task_id, crawl.depth + 1, list(links.links), scoped=True))
+            if links.total > len(links.links):
+                record["links_cut"] = links.total - len(links.links)
+        await self.state.record_page(crawl.crawl_id, task.task_id, record)
+        await self.state.drop_links(crawl.crawl_id, task.task_id)
+        log.info("crawl.page_followed", crawl_id=crawl.crawl_id, depth=crawl.depth,
+                 **{k: v for k, v in record["counts"].items() if v})
+        return True
+
+    async def crawl_delay(self, task: ScrapeTask) -> float | None:
+        """The ``Crawl-delay`` robots.txt asks of the task's host (obeying crawls only)."""
+        assert task.crawl is not None
+        spec = await self.state.spec(task.crawl.crawl_id)
+        if spec.robots != "obey":
+            return None
+        return await self.robots.crawl_delay(spec.crawl_id, task.url, spec.robots_agent)
+
+    # -- the one path into SEEN -------------------------------------------------------------
+
+    async def _enqueue(self, spec: CrawlSpec, parent: str | None, depth: int, urls: list[str], *, scoped: bool,
+                       seeds: set[str] | None = None) -> dict[str, Any]:
+        cid, rules = spec.crawl_id, self.rules(spec)
+        counts: Counter[str] = Counter({k: 0 for k in OUTCOMES})
+        skipped: list[dict[str, str]] = []
+
+        def skip(url: str, why: str) -> None:
+            counts[why] += 1
+            if len(skipped) < MAX_SKIPPED:
+                skipped.append({"url": url, "reason": why})
+
+        candidates: dict[str, tuple[str, str]] = {}
+        for raw in urls:
+            counts["discovered"] += 1
+            try:
+                url = self._normalise(raw)
+            except InputError as exc:
+                skip(raw, "invalid")
+                log.debug("crawl.invalid_link", url=raw, reason=exc.reason)
+                continue
+            if scoped and not (seeds and raw in seeds) and (why := rules.verdict(url)):
+                skip(url, why)
+                continue
+            task_id = crawl_task_id(cid, url, spec.steps, spec.options)
+            if task_id in candidates or task_id == parent:
+                counts["duplicate"] += 1
+                continue
+            candidates[task_id] = (url, raw)
+        verdicts = await asyncio.gather(*(self._admissible(spec, url) for url, _ in candidates.values()))
+        for (task_id, (url, _)), why in zip(list(candidates.items()), verdicts, strict=True):
+            if why:
+                skip(url, why)
+                del candidates[task_id]
+        queued: list[str] = []
+        fresh: list[str] = []
+        for task_id, held in zip(list(candidates), await asyncio.gather(*(self._held_by(t) for t in candidates)),
+                                 strict=True):
+            if held is None:
+                fresh.append(task_id)
+            elif held == (parent or ""):
+                queued.append(task_id)  # created by an earlier attempt of this very page (or seeding)
+            else:
+                counts["duplicate"] += 1
+        granted = await self.state.reserve(cid, len(fresh), spec.max_pages)
+        for task_id in fresh[granted:]:
+            skip(candidates[task_id][0], "budget_cut")
+        made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], depth, parent)
+                                      for task_id in fresh[:granted]))
+        lost = 0
+        for task_id, created in zip(fresh[:granted], made, strict=True):
+            if created:
+                queued.append(task_id)
+            else:
+                counts["duplicate"] += 1
+                lost += 1
+        await self.state.release(cid, lost)
+        counts["queued"] = len(queued)
+        return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
+
+    async def _admissible(self, spec: CrawlSpec, url: str) -> str | None:
+        """Why the network policy or robots.txt keeps ``url`` out, or None."""
+        origin = origin_of(url)
+        blocked = self._blocked.get(origin)
+        if blocked is None:  # once per origin, not per link: the policy resolves the host's name
+            try:
+                await self.policy.check_url(url)
+                blocked = False
+            except PolicyBlocked:
+                blocked = True
+            except RetryableError:
+                blocked = False  # cannot resolve now: the render will say (and retry)
+            if len(self._blocked) >= MAX_ORIGINS:
+                self._blocked.clear()
+            self._blocked[origin] = blocked
+        if blocked:
+            return "blocked"
+        if spec.robots == "obey" and not await self.robots.allowed(spec.crawl_id, url, spec.robots_agent):
+            return "robots_disallowed"
+        return None
+
+    async def _held_by(self, task_id: str) -> str | None:
+        """None when SEEN has no task ``task_id``; else the parent of the one it has ("" for a seed)."""
+        async with self._slots:
+            try:
+                stored = await self.js.get_last_msg(names.SEEN_STREAM, names.seen_key_subject(task_id))
+            except nats.js.errors.NotFoundError:
+                return None
+        if not stored.data:
+            return None  # a delete marker: gone
+        try:
+            task = decode(ScrapeTask, stored.data)
+        except MessageDecodeError:
+            return ""
+        return (task.crawl.parent if task.crawl else None) or ""
+
+    async def _create(self, spec: CrawlSpec, task_id: str, url: str, original: str, depth: int,
+                      parent: str | None) -> bool:
+        """Create the task in SEEN (so in TASKS); False when someone created it first."""
+        task = ScrapeTask(task_id=task_id, url=url, original_url=original, steps=spec.steps, options=spec.options,
+                          labels=spec.labels, crawl=CrawlRef(crawl_id=spec.crawl_id, depth=depth, parent=parent))
+        headers = {names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0", names.MSG_TTL: self._ttl}
+        async with self._slots:
+            try:
+                await self.js.publish(names.seen_key_subject(task_id), encode(task), headers=headers)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code == WRONG_LAST_SEQUENCE:
+                    return False
+                raise
+        return True

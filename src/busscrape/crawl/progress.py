@@ -1,0 +1,126 @@
+"""Following a crawl to its end, and its summary.
+
+A crawl is done when every task it queued is archived or dead-lettered (the STATUS tracker,
+``status.tracker``) *and* every archived page's links have been followed (its page record is in
+CRAWLS): a page archived a moment before its links are queued does not end the crawl early.
+The set of tasks to wait for grows as page records arrive; it is read from CRAWLS, never kept
+in one process, so a second ``busscrape crawl`` (or ``GET /crawls/{id}``) sees the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import nats.errors
+import orjson
+
+from busscrape.crawl.frontier import OUTCOMES
+from busscrape.crawl.state import SEEDS, CrawlState
+from busscrape.status.tracker import Tracker
+
+
+@dataclass
+class CrawlSummary:
+    """What a crawl did: every discovered link in exactly one outcome, in total and per depth."""
+
+    crawl_id: str
+    links: dict[str, int]
+    """``discovered``, ``queued``, ``duplicate``, ``out_of_scope``, ``robots_disallowed``,
+    ``budget_cut`` … over the whole crawl (seeds included, as depth 0)."""
+    by_depth: dict[int, dict[str, int]]
+    pages_followed: int
+    """Pages whose links were read (a page record each)."""
+    not_followed: dict[str, int] = field(default_factory=dict)
+    """Pages whose links were not followed, by why (``depth``, ``not_html``, ``redirected_out_of_scope``)."""
+    archived: int = 0
+    dead: int = 0
+    budget_used: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    """A sample of the skipped links with their reason."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
+    total: Counter[str] = Counter({k: 0 for k in OUTCOMES})
+    depths: dict[int, Counter[str]] = {}
+    not_followed: Counter[str] = Counter()
+    skipped: list[dict[str, str]] = []
+    for record in pages.values():
+        counts = record.get("counts") or {}
+        total.update(counts)
+        depth = record.get("link_depth", record.get("depth", 0) + 1)
+        depths.setdefault(depth, Counter()).update(counts)
+        if record.get("not_followed"):
+            not_followed[record["not_followed"]] += 1
+        skipped.extend(record.get("skipped") or ())
+    return CrawlSummary(crawl_id=crawl_id, links=dict(total),
+                        by_depth={d: {k: v for k, v in c.items() if v} for d, c in sorted(depths.items())},
+                        pages_followed=sum(1 for k in pages if k != SEEDS), not_followed=dict(not_followed),
+                        skipped=skipped[:50])
+
+
+class CrawlWatch:
+    """Feeds a ``Tracker`` with the tasks a crawl queues, from its page records as they come."""
+
+    def __init__(self, state: CrawlState, tracker: Tracker, crawl_id: str) -> None:
+        self.state = state
+        self.tracker = tracker
+        self.crawl_id = crawl_id
+        self.followed: set[str] = set()
+        self.tasks: set[str] = set()
+        """The crawl's tasks (the tracker may follow other tasks too: ``run`` of a mixed input)."""
+        self._watcher: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        kv = await self.state.kv()
+        self._watcher = await kv.watch(f"{self.crawl_id}.page.>")
+        self._task = asyncio.create_task(self._follow(), name="crawl-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+
+    async def _follow(self) -> None:
+        prefix = f"{self.crawl_id}.page."
+        while True:
+            try:
+                entry = await self._watcher.updates(timeout=3600)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            if entry is None or not entry.value:
+                continue
+            self.see(entry.key.removeprefix(prefix), orjson.loads(entry.value))
+
+    def see(self, page: str, record: dict[str, Any]) -> None:
+        for task_id in record.get("queued") or ():
+            self.tasks.add(task_id)
+            if task_id not in self.tracker.expected:
+                self.tracker.expect(task_id, None)
+        self.followed.add(page)
+        self.tracker.poke()  # a page record is progress too: the crawl may be done now
+
+    @property
+    def done(self) -> bool:
+        final = self.tracker.final
+        if SEEDS not in self.followed or not all(t in final for t in self.tasks):
+            return False
+        return all(t in self.followed for t in self.tasks if final[t].state == "archived")
+
+    async def summary(self) -> CrawlSummary:
+        summary = summarise(self.crawl_id, await self.state.pages(self.crawl_id))
+        states = [self.tracker.final[t].state for t in self.tasks if t in self.tracker.final]
+        summary.archived, summary.dead = states.count("archived"), states.count("dead")
+        summary.budget_used = await self.state.used(self.crawl_id)
+        return summary

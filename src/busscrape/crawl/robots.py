@@ -1,0 +1,100 @@
+"""robots.txt: fetched once per origin per crawl through the network policy, cached fleet-wide in
+CRAWLS, read with Protego (Google's rules: wildcards, longest match, Allow over Disallow on ties).
+
+As Google documents it: a 2xx body is the rules; a 4xx (no robots.txt) allows everything; a 5xx,
+a timeout or a refused connection means "try again later" (``RobotsUnavailable``, retryable:
+the page whose links need it is retried, nothing is queued meanwhile). A cached copy older than
+``ROBOTS_TTL`` is fetched again. ``Crawl-delay`` is handed to the worker's per-host pacing
+(``HostGate.pace(host, floor=…)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from protego import Protego
+
+from busscrape.crawl.state import CrawlState
+from busscrape.errors import PolicyBlocked, RetryableError
+from busscrape.net.policy import NetworkPolicy
+
+ROBOTS_TTL = 24 * 3600.0  # seconds a fetched robots.txt is used (Google caches it up to a day)
+FETCH_TIMEOUT = 10.0
+MAX_BYTES = 500 * 1024  # Google reads the first 500 KiB
+MAX_REDIRECTS = 5
+
+
+class RobotsUnavailable(RetryableError):
+    """robots.txt answered 5xx or not at all: try the page's links again later."""
+
+    reason = "robots_unavailable"
+
+
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.lower()}"
+
+
+def _key(origin: str) -> str:
+    return hashlib.sha256(origin.encode()).hexdigest()[:24]
+
+
+class Robots:
+    """The robots.txt rules of every origin a crawl meets."""
+
+    def __init__(self, state: CrawlState, policy: NetworkPolicy, user_agent: str = "busscrape") -> None:
+        self.state = state
+        self.policy = policy
+        self.user_agent = user_agent
+        self._parsed: dict[tuple[str, str], tuple[float, Protego]] = {}
+
+    async def rules(self, crawl_id: str, url: str) -> Protego:
+        origin = origin_of(url)
+        now = time.time()
+        cached = self._parsed.get((crawl_id, origin))
+        if cached is not None and now - cached[0] < ROBOTS_TTL:
+            return cached[1]
+        record = await self.state.robots(crawl_id, _key(origin))
+        if record is None or now - record["fetched_at"] >= ROBOTS_TTL:
+            record = {"origin": origin, "fetched_at": now, **await self._fetch(origin)}
+            await self.state.save_robots(crawl_id, _key(origin), record)
+        parsed = Protego.parse(record["body"])
+        self._parsed[(crawl_id, origin)] = (record["fetched_at"], parsed)
+        return parsed
+
+    async def allowed(self, crawl_id: str, url: str, agent: str) -> bool:
+        return (await self.rules(crawl_id, url)).can_fetch(url, agent)
+
+    async def crawl_delay(self, crawl_id: str, url: str, agent: str) -> float | None:
+        delay = (await self.rules(crawl_id, url)).crawl_delay(agent)
+        return float(delay) if delay else None
+
+    async def sitemaps(self, crawl_id: str, url: str) -> list[str]:
+        return list((await self.rules(crawl_id, url)).sitemaps)
+
+    async def _fetch(self, origin: str) -> dict:
+        """``{"status": …, "body": …}``: the rules as text ("" allows everything)."""
+        url = origin + "/robots.txt"
+        timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": self.user_agent}) as http:
+                for _ in range(MAX_REDIRECTS + 1):
+                    await self.policy.check_url(url)  # every hop, as the browser's egress does
+                    async with http.get(url, allow_redirects=False) as response:
+                        if response.status in (301, 302, 303, 307, 308) and "location" in response.headers:
+                            url = urljoin(url, response.headers["location"])
+                            continue
+                        if 200 <= response.status < 300:
+                            body = (await response.content.read(MAX_BYTES)).decode("utf-8", "replace")
+                            return {"status": response.status, "body": body}
+                        if 400 <= response.status < 500:
+                            return {"status": response.status, "body": ""}
+                        raise RobotsUnavailable(f"{url}: HTTP {response.status}")
+                return {"status": 310, "body": ""}  # too many redirects: as Google, no robots.txt
+        except PolicyBlocked:
+            return {"status": 0, "body": ""}  # its pages are refused by the policy anyway
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise RobotsUnavailable(f"{url}: {exc or type(exc).__name__}") from None

@@ -1,0 +1,91 @@
+"""Starting a crawl and waiting for its end (``busscrape crawl``, ``POST /crawls``).
+
+``start_crawl`` stores the rules and queues the seeds (and the sitemaps' URLs); it is what
+``--detach`` and the API do. ``crawl_until_done`` also follows the crawl until every page it
+queued is archived or dead-lettered and every archived page's links are followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
+from busscrape.crawl.frontier import Frontier
+from busscrape.crawl.progress import CrawlSummary, CrawlWatch
+from busscrape.crawl.sitemaps import sitemap_urls
+from busscrape.crawl.spec import CrawlSpec
+from busscrape.crawl.state import SEEDS, CrawlState
+from busscrape.dispatch.urls import UrlNormaliser, UrlRules
+from busscrape.errors import InputError
+from busscrape.net.policy import NetworkPolicy
+from busscrape.settings import Settings
+from busscrape.status.tracker import Tracker
+
+CRAWL_NEEDS: frozenset[names.Need] = frozenset({("kv", names.CRAWLS_BUCKET), *names.DISPATCH_NEEDS})
+
+
+def make_spec(settings: Settings, seeds: list[str] | tuple[str, ...], **fields: Any) -> CrawlSpec:
+    """A crawl's rules from what a user gave (the CLI's flags, the API's body): seeds normalised
+    as the dispatcher normalises; ``InputError`` naming a bad seed, pydantic's ``ValidationError``
+    for a bad rule."""
+    normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
+    normalised = []
+    for seed in seeds:
+        try:
+            normalised.append(normalise(seed))
+        except InputError as exc:
+            raise InputError(f"seed {seed!r}: {exc}", reason=exc.reason) from None
+    return CrawlSpec(seeds=tuple(dict.fromkeys(normalised)), **{k: v for k, v in fields.items() if v is not None})
+
+
+async def crawl_status(bus: Bus, crawl_id: str) -> CrawlSummary | None:
+    """The summary of a crawl as CRAWLS and STATUS have it now (None: no such crawl)."""
+    from busscrape.crawl.progress import summarise
+    from busscrape.status.records import StatusBoard
+
+    state = CrawlState(bus.js)
+    pages = await state.pages(crawl_id)
+    if not pages:
+        return None
+    summary = summarise(crawl_id, pages)
+    summary.budget_used = await state.used(crawl_id)
+    board = StatusBoard(bus.js)
+    for task_id in (t for record in pages.values() for t in record.get("queued") or ()):
+        latest = await board.latest(task_id)
+        outcome = latest[0].state if latest is not None else None
+        summary.archived += outcome == "archived"
+        summary.dead += outcome == "dead"
+    return summary
+
+
+async def start_crawl(bus: Bus, settings: Settings, spec: CrawlSpec) -> dict[str, Any]:
+    """Store the crawl and queue its seeds; the seed record (what the seeds became)."""
+    await provision.require(bus.js, topology.load(settings), CRAWL_NEEDS)
+    policy = NetworkPolicy.from_settings(settings.network.allow)
+    frontier = Frontier(bus.js, settings, policy)
+    if await frontier.state.page(spec.crawl_id, SEEDS) is not None:
+        return await frontier.seed(spec)  # resumed: seeded before
+    extra: list[str] = []
+    if spec.sitemaps:
+        extra = await sitemap_urls(spec.seeds, policy, spec.sitemap_since)
+    return await frontier.seed(spec, extra)
+
+
+async def crawl_until_done(bus: Bus, settings: Settings, spec: CrawlSpec, tracker: Tracker, stop: asyncio.Event,
+                           report: Callable[[], None] | None = None) -> CrawlSummary:
+    """Start (or resume) the crawl and wait until it is done or ``stop`` is set."""
+    await provision.require(bus.js, topology.load(settings), CRAWL_NEEDS)
+    watch = CrawlWatch(Frontier(bus.js, settings, NetworkPolicy.from_settings([])).state, tracker, spec.crawl_id)
+    await watch.start()
+    try:
+        watch.see(SEEDS, await start_crawl(bus, settings, spec))
+        while not watch.done and not stop.is_set():
+            await tracker.changed(timeout=0.5)
+            if report is not None:
+                report()
+        return await watch.summary()
+    finally:
+        await watch.stop()

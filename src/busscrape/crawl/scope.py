@@ -1,0 +1,77 @@
+"""Which discovered links a crawl follows: its scope, then ``--include`` / ``--exclude``.
+
+``ScopeRules.verdict(url)`` is None for a link to follow, else the reason it is not
+(``out_of_scope``, ``excluded``, ``not_included``). Scopes, relative to any seed:
+
+- ``page``: none (the seeds only);
+- ``prefix``: same scheme and host, and the path starts with the seed's path up to its last ``/``;
+- ``host``: same host (any scheme and port: ``http://a`` and ``https://a`` are one site);
+- ``domain``: same registrable domain (``a.example.co.uk`` and ``b.example.co.uk``, never
+  ``x.co.uk`` and ``y.co.uk``), by tldextract with the suffix list it bundles: no network fetch, ever;
+- ``any``: every http(s) link (the depth and the budget bound it).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import tldextract
+
+from busscrape.crawl.spec import CrawlSpec
+
+
+@lru_cache(maxsize=1)
+def _extractor() -> tldextract.TLDExtract:
+    # suffix_list_urls=() and no cache dir: the snapshot in the package, never a download.
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None, include_psl_private_domains=False)
+
+
+def registrable_domain(host: str) -> str:
+    """``a.b.example.co.uk`` → ``example.co.uk``; a host with no known public suffix (an IP
+    address, ``localhost``, ``shop.test``) is its own domain."""
+    host = host.lower().rstrip(".")
+    parts = _extractor()(host)
+    return parts.top_domain_under_public_suffix or host
+
+
+class ScopeRules:
+    """The scope and the include/exclude patterns of one crawl."""
+
+    def __init__(self, spec: CrawlSpec) -> None:
+        self.scope = spec.scope
+        self.include = [re.compile(p) for p in spec.include]
+        self.exclude = [re.compile(p) for p in spec.exclude]
+        seeds = [urlsplit(s) for s in spec.seeds]
+        self._hosts = {(s.hostname or "").lower() for s in seeds}
+        self._domains = {registrable_domain(h) for h in self._hosts}
+        self._prefixes = [(s.scheme, s.netloc.lower(), s.path[: s.path.rfind("/") + 1] or "/") for s in seeds]
+
+    def in_scope(self, url: str) -> bool:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            return False
+        host = (parts.hostname or "").lower()
+        match self.scope:
+            case "page":
+                return False
+            case "prefix":
+                return any(parts.scheme == scheme and parts.netloc.lower() == netloc and
+                           (parts.path or "/").startswith(path) for scheme, netloc, path in self._prefixes)
+            case "host":
+                return host in self._hosts
+            case "domain":
+                return host in self._hosts or registrable_domain(host) in self._domains
+            case _:
+                return True
+
+    def verdict(self, url: str) -> str | None:
+        """None: follow ``url``; else why not."""
+        if not self.in_scope(url):
+            return "out_of_scope"
+        if any(p.search(url) for p in self.exclude):
+            return "excluded"
+        if self.include and not any(p.search(url) for p in self.include):
+            return "not_included"
+        return None

@@ -1,0 +1,70 @@
+"""``POST /crawls`` and ``GET /crawls/{id}`` over real HTTP, against a real nats-server and a
+loopback site (no browser: the test plays the worker's part through the frontier)."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from busscrape.api.server import ApiServer
+from busscrape.bus import names
+from busscrape.crawl.frontier import Frontier
+from busscrape.crawl.links import PageLinks
+from busscrape.model.messages import ScrapeTask, decode
+from busscrape.net.policy import NetworkPolicy
+from tests.api.test_server import AUTH, TOKEN, call, error_of
+from tests.support import crawl_site
+from tests.support.bus import stream_messages
+
+
+@pytest.fixture
+def crawl_settings(settings, site):
+    return settings.with_overrides(api={"port": 0, "token": TOKEN},
+                                   network={"allow": [f"{h}/32" for h in site.hosts]})
+
+
+@pytest.fixture
+async def http(applied, crawl_settings):
+    async with ApiServer(applied, crawl_settings) as server, \
+            aiohttp.ClientSession(base_url=server.url, headers=AUTH) as session:
+        yield session
+
+
+async def test_post_crawls_seeds_it_and_get_follows_its_progress(applied, http, crawl_settings, site):
+    crawl_site.install(site)
+    body = {"seeds": [site.url("/"), site.url("/#again")], "depth": 1, "max_pages": 5, "labels": {"job": "t"}}
+    status, started = await call(http, "POST", "/crawls", json=body)
+    assert status == 202, started
+    assert started["seeds"]["queued"] == started["seeds"]["discovered"] == 1  # one page, two spellings
+    crawl_id = started["crawl_id"]
+    status, again = await call(http, "POST", "/crawls", json=body)
+    assert (status, again["crawl_id"]) == (202, crawl_id)  # the same crawl: resumed, nothing queued twice
+    [msg] = await stream_messages(applied.js, names.SEEN_STREAM)
+    seed = decode(ScrapeTask, msg.data)
+    assert seed.crawl is not None and seed.crawl.depth == 0 and seed.labels == {"job": "t"}
+    # A worker renders the seed and follows its links.
+    frontier = Frontier(applied.js, crawl_settings, NetworkPolicy.from_settings(crawl_settings.network.allow))
+    await frontier.follow(seed, seed.url, PageLinks((site.url("/a/1"), site.url("/private/x"),
+                                                     site.url("/elsewhere", host=1)), 3, "text/html"))
+    status, progress = await call(http, "GET", f"/crawls/{crawl_id}")
+    assert status == 200, progress
+    assert progress["links"]["queued"] == 2 and progress["links"]["robots_disallowed"] == 1
+    assert progress["links"]["out_of_scope"] == 1 and progress["budget_used"] == 2
+    assert progress["by_depth"]["1"] == {"discovered": 3, "queued": 1, "robots_disallowed": 1, "out_of_scope": 1}
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ({"seeds": []}, "invalid_request"),
+    ({"seeds": ["http://x.test/"], "scope": "site"}, "invalid_request"),
+    ({"seeds": ["http://x.test/"], "include": ["("]}, "invalid_request"),
+    ({"seeds": ["ftp://x.test/"]}, "unsupported_scheme"),
+])
+async def test_bad_crawls_are_400_with_the_reason(http, body, reason):
+    status, answer = await call(http, "POST", "/crawls", json=body)
+    assert status == 400 and error_of(answer) == reason, answer
+
+
+async def test_get_crawls_answers_404_and_400(http):
+    assert (await call(http, "GET", "/crawls/0123456789abcdef"))[0] == 404
+    status, answer = await call(http, "GET", "/crawls/nope")
+    assert status == 400 and error_of(answer) == "invalid_crawl_id"

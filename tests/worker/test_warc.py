@@ -1,0 +1,206 @@
+"""The WARC recorder on a real Chromium, checked by tools nobody here wrote: ``warcio check``
+(every digest), ``cdxj-indexer`` (every capture indexed), warcio's own reader."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from playwright.async_api import async_playwright
+from warcio.archiveiterator import ArchiveIterator
+
+from busscrape.settings import BrowserSettings
+from busscrape.worker.browser.chromium import find_chromium, launch_args
+from busscrape.worker.warc import PayloadIndex, Resource, WarcRecorder
+
+pytestmark = pytest.mark.browser
+
+BIN = Path(sys.executable).parent
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+BIG_CSS = "body{color:red}\n" + "/* padding */\n" * 200  # over MIN_REVISIT: identical copies are revisits
+
+
+def warc_tool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=120)
+
+
+def records(path: Path) -> list:
+    out = []
+    with path.open("rb") as handle:
+        for record in ArchiveIterator(handle):
+            out.append((record.rec_type, dict(record.rec_headers.headers), record.http_headers,
+                        record.content_stream().read()))
+    return out
+
+
+def by_type(recs: list, kind: str) -> list:
+    return [r for r in recs if r[0] == kind]
+
+
+@pytest.fixture
+async def browser():
+    binary = find_chromium(BrowserSettings())
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=binary.path, args=launch_args(BrowserSettings()))
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+def traffic(site):
+    site.page("/", "<title>T</title><link rel=stylesheet href=/a.css><link rel=stylesheet href=/b.css>"
+                   "<img src=/p.png><img src=/gone.png><div id=out></div>"
+                   "<script>fetch('/api', {method: 'POST', body: 'q=1'}).then(r => r.json())"
+                   ".then(j => document.getElementById('out').textContent = 'rendered ' + j.n)</script>")
+    site.page("/a.css", BIG_CSS, headers={"Content-Type": "text/css"})
+    site.page("/b.css", BIG_CSS, headers={"Content-Type": "text/css"})
+
+    @site.route("/p.png")
+    async def png(request):
+        return web.Response(body=PNG, content_type="image/png", headers={"Set-Cookie": "a=1"})
+
+    @site.route("/api")
+    async def api(request):
+        return web.json_response({"n": 42}, headers={"Set-Cookie": "b=2"})
+
+    @site.route("/moved")
+    async def moved(request):
+        raise web.HTTPFound("/")
+
+    return site
+
+
+async def record(browser, url: str, path: Path, *, wait_until: str = "load", payloads: PayloadIndex | None = None,
+                 settle_js: str | None = None, **limits) -> WarcRecorder:
+    page = await (await browser.new_context()).new_page()
+    warc = WarcRecorder(page, max_body_bytes=limits.get("max_body_bytes", 1 << 20),
+                        max_total_bytes=limits.get("max_total_bytes", 8 << 20), payloads=payloads,
+                        browser_version="test")
+    await page.goto(url, wait_until=wait_until)
+    if settle_js:
+        await page.wait_for_function(settle_js)
+    spool = await warc.finish({"url": url, "final_url": page.url, "title": await page.title()},
+                              [Resource(f"urn:dom:{page.url}", "text/html", (await page.content()).encode())])
+    path.write_bytes(spool.read())
+    spool.close()
+    await page.context.close()
+    return warc
+
+
+async def test_a_page_as_warc_passes_warcio_check_and_indexes(browser, traffic, tmp_path):
+    path = tmp_path / "page.warc.gz"
+    await record(browser, traffic.url("/moved"), path, settle_js="document.getElementById('out').textContent")
+    check = warc_tool("warcio", "check", "-v", str(path))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "digest pass" in check.stdout and "digest fail" not in check.stdout
+    index = warc_tool("cdxj-indexer", str(path))
+    assert index.returncode == 0, index.stderr
+    indexed = index.stdout
+    for target in ("/moved", ")/a.css", ")/p.png", ")/gone.png", ")/api"):
+        assert target in indexed, (target, indexed)
+
+    recs = records(path)
+    assert recs[0][0] == "warcinfo" and recs[0][1]["WARC-Type"] == "warcinfo"
+    assert all(r[1].get("WARC-Date") for r in recs)
+    responses = {r[1]["WARC-Target-URI"].rsplit("/", 1)[1]: r for r in by_type(recs, "response")}
+    requests = by_type(recs, "request")
+    ids = {r[1]["WARC-Record-ID"] for r in recs if r[0] in ("response", "revisit")}
+    assert requests and all(r[1]["WARC-Concurrent-To"] in ids for r in requests)
+    assert responses["moved"][2].get_statuscode() == "302" and responses["moved"][3] == b""
+    assert responses["p.png"][3] == PNG
+    assert responses["gone.png"][2].get_statuscode() == "404"
+    # Repeated headers stay separate headers; decoded bodies do not claim an encoding.
+    assert responses["p.png"][2].get_header("Set-Cookie") == "a=1"
+    post = next(r for r in requests if r[1]["WARC-Target-URI"].endswith("/api"))
+    assert post[2].protocol.startswith("POST") and post[3] == b"q=1"
+    # Two stylesheets with one payload: the second is a revisit of the first.
+    [revisit] = by_type(recs, "revisit")
+    css = [r for r in recs if r[0] in ("response", "revisit") and r[1]["WARC-Target-URI"].endswith(".css")]
+    first = next(r for r in css if r[0] == "response")
+    assert revisit[1]["WARC-Refers-To-Target-URI"] == first[1]["WARC-Target-URI"]
+    assert revisit[1]["WARC-Payload-Digest"] == first[1]["WARC-Payload-Digest"]
+    assert revisit[1]["WARC-Profile"].endswith("identical-payload-digest")
+    [meta] = by_type(recs, "metadata")
+    [dom] = by_type(recs, "resource")
+    main = responses[""][1]["WARC-Record-ID"]
+    assert meta[1]["WARC-Concurrent-To"] == main and dom[1]["WARC-Concurrent-To"] == main
+    assert b"rendered 42" in dom[3] and dom[1]["WARC-Target-URI"].startswith("urn:dom:")
+    assert meta[1]["WARC-Target-URI"].startswith("urn:pageinfo:")  # never taken for a capture of the page
+
+
+async def test_revisits_span_pages_of_one_worker(browser, traffic, tmp_path):
+    payloads = PayloadIndex()
+    await record(browser, traffic.url("/a.css"), tmp_path / "one.warc.gz", payloads=payloads)
+    await record(browser, traffic.url("/b.css"), tmp_path / "two.warc.gz", payloads=payloads)
+    assert not by_type(records(tmp_path / "one.warc.gz"), "revisit")
+    [revisit] = by_type(records(tmp_path / "two.warc.gz"), "revisit")
+    assert revisit[1]["WARC-Refers-To-Target-URI"].endswith("/a.css")
+
+
+async def test_bodies_over_the_caps_are_cut_and_marked(browser, traffic, tmp_path):
+    path = tmp_path / "page.warc.gz"
+    warc = await record(browser, traffic.url("/"), path, max_body_bytes=1024, max_total_bytes=3000)
+    assert warc_tool("warcio", "check", str(path)).returncode == 0
+    recs = records(path)
+    cut = [r for r in recs if r[1].get("WARC-Truncated") == "length"]
+    assert cut and all(len(r[3]) <= 1024 for r in cut)
+    payload = sum(len(r[3]) for r in recs if r[0] in ("response", "resource"))
+    assert payload <= 3000
+    assert warc.notes and all("over the limit" in n["note"] or "cut" in n["note"] for n in warc.notes
+                              if "urn:" not in n["url"])
+
+
+# -- hostile pages ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hostile(site):
+    site.page("/", "<title>hostile</title><p>here</p><iframe src=/download></iframe>"
+                   "<script>fetch('/forever').then(r => r.body.getReader().read());"
+                   "fetch('/big.js').then(r => r.text()).then(t => document.title = 'big ' + t.length)</script>")
+
+    @site.route("/forever")
+    async def forever(request):
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        while True:  # an endless stream: the request never finishes
+            await response.write(b"x" * 65536)
+            await asyncio.sleep(0.05)
+
+    @site.route("/big.js")
+    async def big(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/javascript"})  # chunked: no length
+        await response.prepare(request)
+        for _ in range(30):
+            await response.write(b"/" * (1024 * 1024))
+        await response.write_eof()
+        return response
+
+    @site.route("/download")
+    async def download(request):
+        return web.Response(body=b"a,b\n1,2\n", content_type="text/csv",
+                            headers={"Content-Disposition": 'attachment; filename="data.csv"'})
+
+    return site
+
+
+async def test_hostile_pages_give_bounded_valid_warcs(browser, hostile, tmp_path):
+    path = tmp_path / "page.warc.gz"
+    warc = await record(browser, hostile.url("/"), path, settle_js="document.title.startsWith('big')",
+                        max_body_bytes=4 << 20, max_total_bytes=6 << 20)
+    check = warc_tool("warcio", "check", "-v", str(path))
+    assert check.returncode == 0 and "digest fail" not in check.stdout, check.stdout
+    recs = records(path)
+    assert path.stat().st_size < 6 << 20
+    by_uri = {r[1]["WARC-Target-URI"].rsplit("/", 1)[1]: r for r in recs if r[0] == "response"}
+    assert by_uri["forever"][1]["WARC-Truncated"] == "time" and by_uri["forever"][3] == b""
+    assert by_uri["big.js"][1]["WARC-Truncated"] == "length" and len(by_uri["big.js"][3]) <= 4 << 20
+    notes = {n["url"].rsplit("/", 1)[1]: n["note"] for n in warc.notes}
+    assert "forever" in notes and "big.js" in notes
+    assert "download" in notes or "download" in by_uri  # a download is a note or a response, never a crash
