@@ -21,25 +21,31 @@ def worker_cmd(
     wait_streams: float | None = typer.Option(None, "--wait-streams", hidden=True, help=WAIT_STREAMS_HELP),
 ) -> None:
     """Render tasks from TASKS until stopped (SIGTERM drains, a second one exits now)."""
-    base = settings()
-    s = settings(worker={"concurrency": concurrency, "max_tasks": max_tasks, "exit_when_idle": exit_when_idle},
-                 nats={"url": nats_url}, network={"allow": [*base.network.allow, *allow]})
 
     async def go() -> None:
         import asyncio
         import importlib
 
-        import structlog
+        from busscrape.worker.browser.driver import start_driver, stop_driver
 
-        from busscrape.extract.registry import Registry
-        from busscrape.worker.startup import BrowserStart
-
-        Registry.load(s.extract.dir)  # an invalid extractor file stops the worker before it connects
-        structlog.get_logger("busscrape.worker").info("worker.starting")
-        # Chromium first: it is the slow part of a worker's start and needs no NATS. The rest of
-        # the worker is imported in a thread meanwhile, so the loop keeps driving the launch.
-        browser = BrowserStart(s).begin()
+        # Playwright's driver first: it boots in its own process while the settings are built here.
+        driver = start_driver()
+        browser = None
         try:
+            base = await asyncio.to_thread(settings)
+            s = settings(worker={"concurrency": concurrency, "max_tasks": max_tasks, "exit_when_idle": exit_when_idle},
+                         nats={"url": nats_url}, network={"allow": [*base.network.allow, *allow]})
+
+            import structlog
+
+            from busscrape.extract.registry import Registry
+            from busscrape.worker.startup import BrowserStart
+
+            Registry.load(s.extract.dir)  # an invalid extractor file stops the worker before it connects
+            structlog.get_logger("busscrape.worker").info("worker.starting")
+            # Chromium next: it is the slow part of a worker's start and needs no NATS. The rest of
+            # the worker is imported in a thread meanwhile, so the loop keeps driving the launch.
+            browser = BrowserStart(s, driver=driver).begin()
             await asyncio.to_thread(importlib.import_module, "busscrape.worker.daemon")
             from busscrape.bus import names, provision, topology
             from busscrape.bus.connection import Bus
@@ -53,6 +59,8 @@ def worker_cmd(
                 configure_tracing("worker")
                 await serve(Worker(bus, s, Telemetry("worker"), browser=browser), lifeline)
         finally:
-            await browser.close()
+            if browser is not None:
+                await browser.close()
+            await stop_driver(driver)
 
     run(go())

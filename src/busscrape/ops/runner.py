@@ -14,6 +14,7 @@ queued are not queued twice, and the run waits for them too.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import re
 import time
@@ -21,26 +22,30 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from busscrape.bus import names, provision, topology
-from busscrape.bus.connection import Bus
-from busscrape.bus.retry import TRANSIENT
-from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
-from busscrape.dispatch.inputs import InputFormat, Rejection, Source, TaskDefaults
 from busscrape.errors import ConfigurationError
-from busscrape.model.messages import utcnow
 from busscrape.ops.lifeline import PidFiles
 from busscrape.ops.nats_server import EmbeddedNatsServer, free_port
 from busscrape.ops.supervisor import Daemons
 from busscrape.settings import Settings
-from busscrape.status.tracker import Tracker
 
 if TYPE_CHECKING:
+    from busscrape.bus.connection import Bus
     from busscrape.crawl.progress import CrawlSummary
     from busscrape.crawl.spec import CrawlSpec
+    from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
+    from busscrape.dispatch.inputs import InputFormat, Rejection, Source, TaskDefaults
+    from busscrape.status.tracker import Tracker
+
+# What a run needs once its daemons are spawned: the NATS client, the dispatcher, the tracker.
+# Imported then, beside the embedded server's start (a third of a second and more of a run's
+# first second), not before the daemons it would hold back (``Runner._embedded``).
+AFTER_SPAWN = ("busscrape.bus.connection", "busscrape.bus.provision", "busscrape.bus.topology",
+               "busscrape.dispatch.dispatcher", "busscrape.status.tracker")
 
 log = structlog.get_logger("busscrape.run")
 
@@ -57,7 +62,7 @@ class RunOptions:
     source: Source
     workers: int = field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2))
     with_daemons: bool = False
-    defaults: TaskDefaults = field(default_factory=TaskDefaults)
+    defaults: TaskDefaults = field(default_factory=lambda: _task_defaults())
     force: bool = False
     fmt: InputFormat = "auto"
     on_rejected: Callable[[Rejection], None] | None = None
@@ -109,7 +114,18 @@ class RunSummary:
         return not self.unfinished and not self.letters_unarchived
 
 
-Progress = Callable[[Counter[str], DispatchSummary | None, float], None]
+Progress = Callable[[Counter[str], "DispatchSummary | None", float], None]
+
+
+def _task_defaults() -> TaskDefaults:
+    from busscrape.dispatch.inputs import TaskDefaults
+
+    return TaskDefaults()
+
+
+def _import_after_spawn() -> None:
+    for module in AFTER_SPAWN:
+        importlib.import_module(module)
 
 
 _FOLDER = re.compile(r"/dt=[^/]+/host=[^/]+/[^/]+/?$")
@@ -152,11 +168,9 @@ class Runner:
         return str((s.archive_dir() / s.archive.prefix).resolve())
 
     async def run(self) -> RunSummary:
-        started, began = time.monotonic(), utcnow()
+        started, began = time.monotonic(), datetime.now(UTC)
         from busscrape.extract.registry import Registry
 
-        # Before anything starts: an invalid extractor file would stop every worker it starts.
-        Registry.load(self.settings.extract.dir)
         async with AsyncExitStack() as stack:
             settings = self.settings
             embedded = not settings.nats.url
@@ -167,6 +181,15 @@ class Runner:
             daemons = None
             if embedded:
                 settings, daemons = await self._embedded(stack, settings)
+            else:
+                await asyncio.to_thread(_import_after_spawn)
+            # An invalid extractor file stops the run before it dispatches anything (the daemons
+            # just spawned stop with it; each would refuse the file too).
+            Registry.load(self.settings.extract.dir)
+            from busscrape.bus import names, provision, topology
+            from busscrape.bus.connection import Bus
+            from busscrape.status.tracker import Tracker
+
             bus = await stack.enter_async_context(await Bus.connect(settings, name="busscrape-run", hint=RUN_HINT))
             definitions = topology.load(settings)
             if embedded:
@@ -229,8 +252,10 @@ class Runner:
                 daemons = Daemons(settings.with_overrides(nats={"url": server.url, "connect_timeout": patient}),
                                   workers=self.options.workers, wait_streams=STREAMS_WAIT)
                 await stack.enter_async_context(daemons)
+            importing = asyncio.ensure_future(asyncio.to_thread(_import_after_spawn)) if early else None
             try:
-                # Started from this (the loop's) thread: its parent-death signal follows the forking thread.
+                # Started from this (the loop's) thread: its parent-death signal follows the forking
+                # thread. It blocks the loop until the server answers; the imports go on in their thread.
                 server.start()
             except ConfigurationError as exc:
                 if not early:
@@ -246,11 +271,14 @@ class Runner:
             if daemons is None:
                 daemons = Daemons(settings, workers=self.options.workers, wait_streams=STREAMS_WAIT)
                 await stack.enter_async_context(daemons)
+            await (importing or asyncio.to_thread(_import_after_spawn))
             return settings, daemons
         raise AssertionError("unreachable")
 
     async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
-        since = utcnow()
+        from busscrape.dispatch.dispatcher import Dispatcher
+
+        since = datetime.now(UTC)
         self._dispatcher = Dispatcher(
             bus, settings, self.options.defaults, force=self.options.force,
             on_published=lambda task_id: tracker.expect(task_id, since),
@@ -294,6 +322,9 @@ class Runner:
         The letters still waiting when ``timeout`` runs out."""
         if not any(status.state == "dead" for status in tracker.final.values()):
             return 0
+        from busscrape.bus import names
+        from busscrape.bus.retry import TRANSIENT
+
         deadline = time.monotonic() + timeout
         waiting = -1
         while time.monotonic() < deadline and not self._stop.is_set():

@@ -17,10 +17,11 @@ fetching and holds what it rendered until there is room (``backpressure``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from contextlib import AsyncExitStack
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -32,7 +33,6 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
 from busscrape.bus.retry import TRANSIENT, patiently
-from busscrape.crawl.frontier import Frontier
 from busscrape.errors import (
     InvalidTask,
     MessageDecodeError,
@@ -61,6 +61,9 @@ from busscrape.worker.reaper import Reaper
 from busscrape.worker.render import Renderer
 from busscrape.worker.results import ResultPublisher
 from busscrape.worker.startup import BrowserStart
+
+if TYPE_CHECKING:
+    from busscrape.crawl.frontier import Frontier
 
 log = structlog.get_logger("busscrape.worker")
 
@@ -93,8 +96,15 @@ class Worker(PullService):
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
         self.extractors = Registry.load(settings.extract.dir)
         self.extraction: ExtractionPool | None = None
-        self.frontier = Frontier(bus.js, settings, self.policy)
         self._stack = AsyncExitStack()
+
+    @functools.cached_property
+    def frontier(self) -> Frontier:
+        """Made for the first crawl task: a worker that renders no crawl does not import the crawl's
+        modules (tldextract, requests, robots.txt parsing: a tenth of a second and more of its start)."""
+        from busscrape.crawl.frontier import Frontier
+
+        return Frontier(self.bus.js, self.settings, self.policy)
 
     # -- lifecycle --------------------------------------------------------------------------
 

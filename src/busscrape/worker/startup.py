@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 from contextlib import AsyncExitStack
 
+from playwright.async_api import Playwright
+
 from busscrape.net.egress import EgressProxy
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
@@ -27,8 +29,9 @@ class BrowserStart:
     """The egress proxy and the browser pool, with a first tab. ``begin()`` starts them in the
     background; ``async with start as (egress, pool)`` waits for them and closes them on exit."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, driver: asyncio.Future[Playwright] | None = None) -> None:
         self.settings = settings
+        self.driver = driver
         self.policy = NetworkPolicy.from_settings(settings.network.allow)
         self._stack = AsyncExitStack()
         self._task: asyncio.Task[tuple[EgressProxy, BrowserPool]] | None = None
@@ -44,7 +47,7 @@ class BrowserStart:
         pool = await self._stack.enter_async_context(
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
                         recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses,
-                        tab_wipe_delay=w.tab_wipe_delay, idle_tabs=w.concurrency))
+                        tab_wipe_delay=w.tab_wipe_delay, idle_tabs=w.concurrency, driver=self.driver))
         await pool.prewarm(w.concurrency, ready=1)
         return egress, pool
 

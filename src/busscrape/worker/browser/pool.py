@@ -43,8 +43,11 @@ class BrowserPool:
 
     def __init__(self, settings: BrowserSettings, *, proxy_url: str | None, recycle_after_tasks: int,
                  recycle_rss: int, isolation: str = "tab", tab_max_uses: int = 100,
-                 tab_wipe_delay: float = 0.0, idle_tabs: int = 8) -> None:
+                 tab_wipe_delay: float = 0.0, idle_tabs: int = 8,
+                 driver: asyncio.Future[Playwright] | None = None) -> None:
         self.settings = settings
+        self._driver = driver
+        """Playwright's driver when it was started ahead (``browser.driver``); the pool stops it."""
         self.proxy_url = proxy_url
         self.recycle_after_tasks = recycle_after_tasks
         self.recycle_rss = recycle_rss
@@ -75,7 +78,7 @@ class BrowserPool:
         if self._entered:
             raise RuntimeError("a BrowserPool can be entered only once")
         self._entered = True
-        self._pw = await async_playwright().start()
+        self._pw = await (self._driver if self._driver is not None else async_playwright().start())
         await self._launch()
         return self
 
