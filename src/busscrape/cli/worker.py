@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from busscrape.cli.app import LIFELINE_HELP, WAIT_STREAMS_HELP, app, run, serve, settings
+
+if TYPE_CHECKING:
+    from busscrape.settings import Settings
 
 
 @app.command("worker")
@@ -38,14 +43,14 @@ def worker_cmd(
 
             import structlog
 
-            from busscrape.extract.registry import Registry
             from busscrape.worker.startup import BrowserStart
 
-            Registry.load(s.extract.dir)  # an invalid extractor file stops the worker before it connects
             structlog.get_logger("busscrape.worker").info("worker.starting")
             # Chromium next: it is the slow part of a worker's start and needs no NATS. The rest of
             # the worker is imported in a thread meanwhile, so the loop keeps driving the launch.
             browser = BrowserStart(s, driver=driver).begin()
+            # An invalid extractor file still stops the worker before it connects (and its browser).
+            await asyncio.to_thread(_read_extractors, s)
             await asyncio.to_thread(importlib.import_module, "busscrape.worker.daemon")
             from busscrape.bus import names, provision, topology
             from busscrape.bus.connection import Bus
@@ -64,3 +69,9 @@ def worker_cmd(
             await stop_driver(driver)
 
     run(go())
+
+
+def _read_extractors(s: Settings) -> None:
+    from busscrape.extract.registry import Registry
+
+    Registry.load(s.extract.dir)
