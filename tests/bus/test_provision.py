@@ -189,3 +189,21 @@ async def test_tasks_moved_to_partitions_queue_nothing_seen_holds_a_second_time(
 
 async def _at_least(js, stream: str, n: int) -> bool:
     return (await js.stream_info(stream)).state.messages >= n
+
+
+async def test_require_with_wait_waits_for_streams_applied_meanwhile(bus, settings):
+    definitions = topology.load(settings)
+    with pytest.raises(StreamsMissing):  # a wait that runs out still says what is missing
+        await provision.require(bus.js, definitions, names.WORKER_NEEDS, wait=0.2)
+
+    applying = asyncio.Event()
+
+    async def apply_later() -> None:
+        await asyncio.sleep(0.3)
+        applying.set()
+        await provision.apply(bus.js, definitions)
+
+    later = asyncio.create_task(apply_later())
+    await provision.require(bus.js, definitions, names.WORKER_NEEDS, wait=60)
+    assert applying.is_set()  # it returned only once they were there
+    await later

@@ -135,3 +135,25 @@ def test_without_any_playwright_download_its_driver_is_not_started_to_look(monke
     (tmp_path / "chromium-1234").mkdir()  # a download: only the driver knows whether it is its revision
     assert playwright_chromium() is None
     assert starts == [1]
+
+
+async def test_a_pool_launches_through_a_driver_started_ahead_and_stops_it(site):
+    """``busscrape worker`` starts Playwright's driver before its settings are read and hands it
+    to the pool: the pool's browser runs on that driver, and leaving the pool stops it."""
+    import asyncio
+
+    from busscrape.worker.browser.driver import start_driver, stop_driver
+
+    site.page("/one", "<title>one</title>")
+    driver = start_driver()
+    async with BrowserPool(BrowserSettings(), proxy_url=None, recycle_after_tasks=1000, recycle_rss=2**40,
+                           idle_tabs=1, driver=driver) as pool:
+        playwright = driver.result()
+        assert pool._pw is playwright and pool.up
+        async with pool.tab() as tab:
+            await tab.page.goto(site.url("/one"))
+            assert await tab.page.title() == "one"
+    # Stopped with the pool: its connection is closed, and stopping it again is harmless.
+    with pytest.raises(Exception, match=r"closed|stopped|disconnected"):
+        await asyncio.wait_for(playwright.chromium.launch(), timeout=30)
+    await stop_driver(driver)

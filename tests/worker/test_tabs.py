@@ -203,6 +203,16 @@ async def test_storage_a_cross_site_frame_left_is_invisible_to_the_next_task(wbu
     assert reports == [{"local": None, "idb": []}]
 
 
+async def test_prewarm_with_ready_returns_at_the_first_tab_and_tasks_get_the_rest_as_they_open():
+    async with BrowserPool(BrowserSettings(), proxy_url=None, recycle_after_tasks=1000, recycle_rss=2**40) as pool:
+        await pool.prewarm(3, ready=1)
+        assert pool.contexts >= 1
+        async with asyncio.timeout(60), pool.tab() as a, pool.tab() as b, pool.tab() as c:
+            assert len({a, b, c}) == 3
+            # The tasks waited for the tabs being opened instead of opening their own.
+            assert pool.contexts == 3
+
+
 # Task A: its own headers, viewport and blocked resource types, and a frame of another origin
 # that stores something there.
 DRESSED = """<title>dressed</title><img src=/a.png><iframe src="{frame}"></iframe><script>

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
@@ -264,11 +265,25 @@ def _with_desired(live: Any, d: Definition) -> Any:
     return live.evolve(**{name: getattr(d.config, name) for name in d.managed})
 
 
-async def require(js: JetStreamContext, definitions: list[Definition], needed: set[tuple[str, str]]) -> None:
+async def require(js: JetStreamContext, definitions: list[Definition], needed: set[tuple[str, str]], *,
+                  wait: float = 0.0) -> None:
     """Raise ``StreamsMissing`` naming every needed stream/consumer/bucket that is absent.
 
-    ``needed`` holds ``(kind, name)`` pairs, one of the ``*_NEEDS`` sets in ``names``.
+    ``needed`` holds ``(kind, name)`` pairs, one of the ``*_NEEDS`` sets in ``names``. With
+    ``wait``, ask again until they are all there or that many seconds have passed (a daemon
+    that ``busscrape run`` started while it was still applying them).
     """
+    deadline = time.monotonic() + wait
+    while missing := await _missing(js, definitions, needed):
+        if time.monotonic() >= deadline:
+            raise StreamsMissing(
+                f"missing on the NATS server: {', '.join(missing)}. Run `busscrape streams apply` against the "
+                "same server (BUSSCRAPE_NATS__URL) to create every stream, consumer and bucket busscrape needs"
+            )
+        await asyncio.sleep(0.05)
+
+
+async def _missing(js: JetStreamContext, definitions: list[Definition], needed: set[tuple[str, str]]) -> list[str]:
     missing = []
     for d in definitions:
         if (d.kind, d.name) not in needed:
@@ -279,11 +294,7 @@ async def require(js: JetStreamContext, definitions: list[Definition], needed: s
             present = await _live_stream(js, d.stream) is not None
         if not present:
             missing.append(d.label)
-    if missing:
-        raise StreamsMissing(
-            f"missing on the NATS server: {', '.join(missing)}. Run `busscrape streams apply` against the "
-            "same server (BUSSCRAPE_NATS__URL) to create every stream, consumer and bucket busscrape needs"
-        )
+    return missing
 
 
 @dataclass

@@ -89,6 +89,8 @@ def plain(value: object) -> Text:
 T = TypeVar("T")
 
 LIFELINE_HELP = "(internal) a pipe from `busscrape run`: stop when it closes."
+WAIT_STREAMS_HELP = ("(internal) from `busscrape run`, which starts its daemons while it applies the streams: "
+                     "wait this many seconds for them instead of exiting at once.")
 
 
 def settings(*, state_nats: bool = False, **sections: dict[str, Any]) -> Settings:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import LIFELINE_HELP, app, run, serve, settings
+from busscrape.cli.app import LIFELINE_HELP, WAIT_STREAMS_HELP, app, run, serve, settings
 from busscrape.errors import EXIT_OK, EXIT_PARTIAL
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ def ingester_cmd(
                                        help="Archive into this local folder (or file:// URL), even when S3 is set."),
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
     lifeline: int | None = typer.Option(None, "--lifeline", hidden=True, help=LIFELINE_HELP),
+    wait_streams: float | None = typer.Option(None, "--wait-streams", hidden=True, help=WAIT_STREAMS_HELP),
 ) -> None:
     """Archive every result from RESULTS into S3 (or a local folder), and every dead letter.
 
@@ -36,7 +37,7 @@ def ingester_cmd(
 
     s = settings(nats={"url": nats_url}, archive={"dir": _folder(archive)},
                  ingester={"concurrency": concurrency, "max_results": max_results, "exit_when_idle": exit_when_idle})
-    counters = run(ingest(s, archive_dir=_folder(archive), lifeline=lifeline))
+    counters = run(ingest(s, archive_dir=_folder(archive), lifeline=lifeline, wait_streams=wait_streams or 0.0))
     structlog.get_logger("busscrape.cli").info("ingester.summary", **dict(sorted(counters.items())))
     bounded = max_results is not None or exit_when_idle is not None
     gave_up = counters["dead_lettered"] + counters["malformed"]
@@ -47,17 +48,22 @@ def _folder(archive: str | None) -> Path | None:
     return Path(archive.removeprefix("file://")) if archive else None
 
 
-async def ingest(s: Settings, *, archive_dir: Path | None = None, lifeline: int | None = None) -> Counter[str]:
-    """Connect, open the storage (checked and created at start), run an ingester until it stops."""
+async def ingest(s: Settings, *, archive_dir: Path | None = None, lifeline: int | None = None,
+                 wait_streams: float = 0.0) -> Counter[str]:
+    """Connect, open the storage (checked and created at start), run an ingester until it stops
+    (with ``wait_streams``, after waiting up to that long for the streams it needs)."""
     import structlog
 
     from busscrape.archive.storage import open_storage
+    from busscrape.bus import names, provision, topology
     from busscrape.bus.connection import Bus
     from busscrape.ingest.daemon import Ingester
     from busscrape.telemetry.metrics import Telemetry, configure_tracing
 
     storage = open_storage(s, archive_dir)
     async with await Bus.connect(s, name=f"busscrape-ingester-{s.ingester.name}") as bus, storage:
+        if wait_streams:
+            await provision.require(bus.js, topology.load(s), names.REQUIRED, wait=wait_streams)
         structlog.get_logger("busscrape.cli").info("ingester.archive", storage=storage.url, prefix=s.archive.prefix,
                                                    compress=s.archive.compress)
         configure_tracing("ingester")

@@ -22,7 +22,8 @@ class Egresses:
                  on_upstream: Callable[[Upstream, bool], None] | None = None) -> None:
         self.policy = policy
         self._stack = stack
-        self._on_upstream = on_upstream
+        self.on_upstream = on_upstream
+        """Told of each upstream connection's success or failure (``net.proxies`` health)."""
         self.direct: EgressProxy | None = None
         self._through: dict[Upstream, EgressProxy] = {}
         self._lock = asyncio.Lock()
@@ -39,7 +40,7 @@ class Egresses:
                 egress = self._through.get(upstream)
                 if egress is None:
                     egress = await self._stack.enter_async_context(
-                        EgressProxy(self.policy, upstream=upstream, on_upstream=self._on_upstream))
+                        EgressProxy(self.policy, upstream=upstream, on_upstream=self.on_upstream))
                     self._through[upstream] = egress
         return egress.url
 

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -196,6 +197,14 @@ class EmbeddedNatsServer:
         query = "&".join(f"{k}={v}" for k, v in params.items())
         with urllib.request.urlopen(f"{self.monitor_url}/jsz?{query}", timeout=5) as resp:
             return json.loads(resp.read())
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (another process may take it before it is used: callers
+    that cannot let the server pick its own be ready to start again)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def _healthy(monitor_url: str) -> bool:

@@ -14,6 +14,7 @@ queued are not queued twice, and the run waits for them too.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import re
 import time
@@ -21,25 +22,30 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from busscrape.bus import names, provision, topology
-from busscrape.bus.connection import Bus
-from busscrape.bus.retry import TRANSIENT
-from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
-from busscrape.dispatch.inputs import InputFormat, Rejection, Source, TaskDefaults
-from busscrape.model.messages import utcnow
+from busscrape.errors import ConfigurationError
 from busscrape.ops.lifeline import PidFiles
-from busscrape.ops.nats_server import EmbeddedNatsServer
+from busscrape.ops.nats_server import EmbeddedNatsServer, free_port
 from busscrape.ops.supervisor import Daemons
 from busscrape.settings import Settings
-from busscrape.status.tracker import Tracker
 
 if TYPE_CHECKING:
+    from busscrape.bus.connection import Bus
     from busscrape.crawl.progress import CrawlSummary
     from busscrape.crawl.spec import CrawlSpec
+    from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
+    from busscrape.dispatch.inputs import InputFormat, Rejection, Source, TaskDefaults
+    from busscrape.status.tracker import Tracker
+
+# What a run needs once its daemons are spawned: the NATS client, the dispatcher, the tracker.
+# Imported then, beside the embedded server's start (a third of a second and more of a run's
+# first second), not before the daemons it would hold back (``Runner._embedded``).
+AFTER_SPAWN = ("busscrape.bus.connection", "busscrape.bus.provision", "busscrape.bus.topology",
+               "busscrape.dispatch.dispatcher", "busscrape.status.tracker")
 
 log = structlog.get_logger("busscrape.run")
 
@@ -48,6 +54,7 @@ RUN_HINT = ("Start that server or fix the URL (--nats-url, BUSSCRAPE_NATS__URL);
             "starts an embedded nats-server itself")
 LETTERS_TIMEOUT = 60.0  # seconds a finished run waits for its dead letters to reach the archive
 NATS_PID = "nats-server"  # the embedded server's pid file
+STREAMS_WAIT = 60.0  # seconds the daemons of a run wait for the streams the run is applying
 
 
 @dataclass
@@ -55,7 +62,7 @@ class RunOptions:
     source: Source
     workers: int = field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2))
     with_daemons: bool = False
-    defaults: TaskDefaults = field(default_factory=TaskDefaults)
+    defaults: TaskDefaults = field(default_factory=lambda: _task_defaults())
     force: bool = False
     fmt: InputFormat = "auto"
     on_rejected: Callable[[Rejection], None] | None = None
@@ -107,7 +114,18 @@ class RunSummary:
         return not self.unfinished and not self.letters_unarchived
 
 
-Progress = Callable[[Counter[str], DispatchSummary | None, float], None]
+Progress = Callable[[Counter[str], "DispatchSummary | None", float], None]
+
+
+def _task_defaults() -> TaskDefaults:
+    from busscrape.dispatch.inputs import TaskDefaults
+
+    return TaskDefaults()
+
+
+def _import_after_spawn() -> None:
+    for module in AFTER_SPAWN:
+        importlib.import_module(module)
 
 
 _FOLDER = re.compile(r"/dt=[^/]+/host=[^/]+/[^/]+/?$")
@@ -150,11 +168,9 @@ class Runner:
         return str((s.archive_dir() / s.archive.prefix).resolve())
 
     async def run(self) -> RunSummary:
-        started, began = time.monotonic(), utcnow()
+        started, began = time.monotonic(), datetime.now(UTC)
         from busscrape.extract.registry import Registry
 
-        # Before anything starts: an invalid extractor file would stop every worker it starts.
-        Registry.load(self.settings.extract.dir)
         async with AsyncExitStack() as stack:
             settings = self.settings
             embedded = not settings.nats.url
@@ -162,28 +178,29 @@ class Runner:
                 # What a run that was killed left on this state dir (its run gone) goes first.
                 for name in await asyncio.to_thread(self.pids.stop_leftovers):
                     log.warning("run.leftover_stopped", name=name)
+            daemons = None
             if embedded:
-                server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary,
-                                            die_with_parent=True)
-                # Started from this (the loop's) thread: its parent-death signal follows the forking thread.
-                server.start()
-                assert server.process is not None
-                self.pids.record(NATS_PID, server.process.pid)
-                stack.callback(self.pids.remove, NATS_PID)
-                stack.callback(server.stop)
-                settings = settings.with_overrides(nats={"url": server.url})
-                log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
+                settings, daemons = await self._embedded(stack, settings)
+            else:
+                await asyncio.to_thread(_import_after_spawn)
+            # An invalid extractor file stops the run before it dispatches anything (the daemons
+            # just spawned stop with it; each would refuse the file too).
+            Registry.load(self.settings.extract.dir)
+            from busscrape.bus import names, provision, topology
+            from busscrape.bus.connection import Bus
+            from busscrape.status.tracker import Tracker
+
             bus = await stack.enter_async_context(await Bus.connect(settings, name="busscrape-run", hint=RUN_HINT))
             definitions = topology.load(settings)
             if embedded:
                 await provision.apply(bus.js, definitions)
             else:
                 await provision.require(bus.js, definitions, names.REQUIRED)
+            log.info("run.streams_applied")
             tracker = Tracker(bus.js)
             await tracker.start()
             stack.push_async_callback(tracker.stop)
-            daemons = None
-            if embedded or self.options.with_daemons:
+            if daemons is None and self.options.with_daemons:
                 daemons = Daemons(settings, workers=self.options.workers)
                 await stack.enter_async_context(daemons)
             crawl = None
@@ -213,8 +230,55 @@ class Runner:
                               failed_daemons=daemons.failed() if daemons else [], letters_unarchived=unfiled,
                               locations=locations, earlier=earlier, crawl=crawl)
 
+    async def _embedded(self, stack: AsyncExitStack, settings: Settings) -> tuple[Settings, Daemons]:
+        """The embedded nats-server and the local daemons, started side by side: the daemons'
+        start (Python, Chromium) is the longest part of a run's first second, so they are
+        spawned first, on the port the server is about to listen on, and wait for the streams
+        (``--wait-streams``) while the server starts and the run applies them."""
+        for attempt in (1, 2):
+            # The second time, should another process have taken the chosen port in between:
+            # the server picks its own, and the daemons start after it.
+            early = attempt == 1
+            server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary,
+                                        die_with_parent=True, port=free_port("127.0.0.1") if early else None)
+            # Registered before the daemons: the server stops after them (they drain through it).
+            stack.callback(self.pids.remove, NATS_PID)
+            stack.callback(server.stop)
+            daemons = None
+            if early:
+                # They may try before the server listens: give their first connection as long as
+                # the server has to become ready (a refused one would be a configuration error).
+                patient = max(settings.nats.connect_timeout, server.ready_timeout)
+                daemons = Daemons(settings.with_overrides(nats={"url": server.url, "connect_timeout": patient}),
+                                  workers=self.options.workers, wait_streams=STREAMS_WAIT)
+                await stack.enter_async_context(daemons)
+            importing = asyncio.ensure_future(asyncio.to_thread(_import_after_spawn)) if early else None
+            try:
+                # Started from this (the loop's) thread: its parent-death signal follows the forking
+                # thread. It blocks the loop until the server answers; the imports go on in their thread.
+                server.start()
+            except ConfigurationError as exc:
+                if not early:
+                    raise
+                log.warning("run.embedded_nats_retry", port=server.port, error=str(exc).splitlines()[0])
+                assert daemons is not None
+                await daemons.stop(grace=0.5)
+                continue
+            assert server.process is not None
+            self.pids.record(NATS_PID, server.process.pid)
+            settings = settings.with_overrides(nats={"url": server.url})
+            log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
+            if daemons is None:
+                daemons = Daemons(settings, workers=self.options.workers, wait_streams=STREAMS_WAIT)
+                await stack.enter_async_context(daemons)
+            await (importing or asyncio.to_thread(_import_after_spawn))
+            return settings, daemons
+        raise AssertionError("unreachable")
+
     async def _dispatch(self, bus: Bus, settings: Settings, tracker: Tracker) -> DispatchSummary:
-        since = utcnow()
+        from busscrape.dispatch.dispatcher import Dispatcher
+
+        since = datetime.now(UTC)
         self._dispatcher = Dispatcher(
             bus, settings, self.options.defaults, force=self.options.force,
             on_published=lambda task_id: tracker.expect(task_id, since),
@@ -258,6 +322,9 @@ class Runner:
         The letters still waiting when ``timeout`` runs out."""
         if not any(status.state == "dead" for status in tracker.final.values()):
             return 0
+        from busscrape.bus import names
+        from busscrape.bus.retry import TRANSIENT
+
         deadline = time.monotonic() + timeout
         waiting = -1
         while time.monotonic() < deadline and not self._stop.is_set():

@@ -41,14 +41,17 @@ class Daemon:
 class Daemons:
     """A small supervisor. Async context manager: ``async with Daemons(settings, workers=2) as d``."""
 
-    def __init__(self, settings: Settings, *, workers: int, ingesters: int = 1) -> None:
+    def __init__(self, settings: Settings, *, workers: int, ingesters: int = 1,
+                 wait_streams: float | None = None) -> None:
         self.settings = settings
         self.log_dir = settings.state_dir / "logs"
         # Children must not fight over one health port, and log machine-readable lines.
         telemetry = settings.telemetry.model_copy(update={"http_port": None, "log_format": "json"})
         self.env = settings_env(settings.model_copy(update={"telemetry": telemetry}))
-        self.daemons = [Daemon(f"worker-{i + 1}", ["worker"]) for i in range(workers)]
-        self.daemons += [Daemon(f"ingester-{i + 1}", ["ingester"]) for i in range(ingesters)]
+        # Started before the streams are there (``busscrape run`` applies them meanwhile): they wait.
+        extra = ["--wait-streams", str(wait_streams)] if wait_streams else []
+        self.daemons = [Daemon(f"worker-{i + 1}", ["worker", *extra]) for i in range(workers)]
+        self.daemons += [Daemon(f"ingester-{i + 1}", ["ingester", *extra]) for i in range(ingesters)]
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         self.pids = PidFiles(settings.state_dir)

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from contextlib import AsyncExitStack
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -33,8 +34,6 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
 from busscrape.bus.retry import TRANSIENT, patiently
-from busscrape.crawl.frontier import Frontier
-from busscrape.crawl.robots import RobotsUnavailable
 from busscrape.errors import (
     InvalidTask,
     MessageDecodeError,
@@ -48,8 +47,6 @@ from busscrape.extract.pool import ExtractionPool
 from busscrape.extract.registry import Registry
 from busscrape.model.messages import ArtifactRef, Extraction, ScrapeResult, ScrapeTask, decode, utcnow
 from busscrape.model.steps import Evaluate
-from busscrape.net.egresses import Egresses
-from busscrape.net.policy import NetworkPolicy
 from busscrape.net.proxies import Proxies
 from busscrape.settings import Settings
 from busscrape.status.records import StatusBoard, Transitions
@@ -68,6 +65,10 @@ from busscrape.worker.render import Renderer
 from busscrape.worker.results import ResultPublisher
 from busscrape.worker.sessions import Sessions
 from busscrape.worker.sessions import read_rules as read_sessions
+from busscrape.worker.startup import BrowserStart
+
+if TYPE_CHECKING:
+    from busscrape.crawl.frontier import Frontier
 
 log = structlog.get_logger("busscrape.worker")
 
@@ -77,12 +78,15 @@ class Worker(PullService):
     stream = names.TASKS_STREAM
     durable = names.WORKERS_CONSUMER
 
-    def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry | None = None) -> None:
+    def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry | None = None,
+                 browser: BrowserStart | None = None) -> None:
         w = settings.worker
         super().__init__(bus, concurrency=w.concurrency, max_items=w.max_tasks, exit_when_idle=w.exit_when_idle,
                          grace_period=w.grace_period, telemetry=telemetry)
         self.settings = settings
-        self.policy = NetworkPolicy.from_settings(settings.network.allow)
+        # The browser side, perhaps already coming up (started before NATS was connected).
+        self.browser = browser or BrowserStart(settings)
+        self.policy = self.browser.policy
         self.attempts = AttemptLog(bus.js)
         # Loaded here, before anything connects: an invalid politeness file stops the worker at start.
         self.gate = FleetGate(bus.js, HostRules.load(Limit(w.host_concurrency, w.host_delay, w.host_jitter),
@@ -98,7 +102,7 @@ class Worker(PullService):
         self._stack = AsyncExitStack()
         # Read here: a bad proxy pool or route stops the worker at start.
         self.proxies = Proxies(settings.proxy)
-        self.egresses = Egresses(self.policy, self._stack, on_upstream=self.proxies.report)
+        self.browser.egresses.on_upstream = self.proxies.report  # proxy health, from the listeners
         self.sessions = (Sessions(bus.js, read_sessions(w.sessions_file), holder=w.name, login_wait=w.host_busy_retry)
                          if w.sessions_file is not None else None)
         self.pool: BrowserPool | None = None
@@ -106,25 +110,27 @@ class Worker(PullService):
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
         self.extractors = Registry.load(settings.extract.dir)
         self.extraction: ExtractionPool | None = None
-        self.frontier = Frontier(bus.js, settings, self.policy, telemetry)
+
+    @functools.cached_property
+    def frontier(self) -> Frontier:
+        """Made for the first crawl task: a worker that renders no crawl does not import the crawl's
+        modules (tldextract, requests, robots.txt parsing: a tenth of a second and more of its start)."""
+        from busscrape.crawl.frontier import Frontier
+
+        return Frontier(self.bus.js, self.settings, self.policy, self.telemetry)
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        egress = await self.egresses.start()
+        egresses, self.pool = await self._stack.enter_async_context(self.browser)
         w = self.settings.worker
-        self.pool = await self._stack.enter_async_context(
-            BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
-                        recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses,
-                        tab_wipe_delay=w.tab_wipe_delay, idle_tabs=w.concurrency))
         await self._stack.enter_async_context(self.results)
         if self.extractors:
             x = self.settings.extract
             self.extraction = await self._stack.enter_async_context(
                 ExtractionPool(self.extractors, processes=x.processes, timeout=x.timeout, max_memory=x.max_memory))
         log.info("worker.extractors", folder=str(self.settings.extract.dir), names=sorted(self.extractors))
-        self.renderer = Renderer(self.pool, self.policy, self.egresses, w, self.proxies, self.sessions)
-        await self.pool.prewarm(w.concurrency)
+        self.renderer = Renderer(self.pool, self.policy, egresses, w, self.proxies, self.sessions)
         if self.telemetry is not None:
             pool, room = self.pool, self.room
             self.telemetry.gauge("browser_restarts", lambda: [(pool.restarts, {})])
@@ -220,7 +226,7 @@ class Worker(PullService):
         try:
             await self._obey_crawl_delay(task, host)
             entered = await self.gate.enter(host)
-        except (*TRANSIENT, RobotsUnavailable) as exc:
+        except (*TRANSIENT, RetryableError) as exc:  # RetryableError: robots.txt unreachable
             log.warning("host.gate_unavailable", error=repr(exc))
             entered = Wait(self.failures.retry_delay(1), "unavailable")
         if isinstance(entered, Slot):

@@ -43,8 +43,11 @@ class BrowserPool:
 
     def __init__(self, settings: BrowserSettings, *, proxy_url: str | None, recycle_after_tasks: int,
                  recycle_rss: int, isolation: str = "tab", tab_max_uses: int = 100,
-                 tab_wipe_delay: float = 0.0, idle_tabs: int = 8) -> None:
+                 tab_wipe_delay: float = 0.0, idle_tabs: int = 8,
+                 driver: asyncio.Future[Playwright] | None = None) -> None:
         self.settings = settings
+        self._driver = driver
+        """Playwright's driver when it was started ahead (``browser.driver``); the pool stops it."""
         self.proxy_url = proxy_url
         self.recycle_after_tasks = recycle_after_tasks
         self.recycle_rss = recycle_rss
@@ -75,7 +78,7 @@ class BrowserPool:
         if self._entered:
             raise RuntimeError("a BrowserPool can be entered only once")
         self._entered = True
-        self._pw = await async_playwright().start()
+        self._pw = await (self._driver if self._driver is not None else async_playwright().start())
         await self._launch()
         return self
 
@@ -184,14 +187,33 @@ class BrowserPool:
             else:
                 await self._retire(tab)
 
-    async def prewarm(self, count: int) -> None:
-        """Open ``count`` tabs ahead of the first tasks (a new tab costs a renderer start)."""
-        if self.isolation != "tab":
+    async def prewarm(self, count: int, *, ready: int | None = None) -> None:
+        """Open ``count`` tabs ahead of the first tasks (a new tab costs a renderer start).
+
+        With ``ready``, return once that many are open and let the others open in the
+        background: a worker's first task needs one tab, and on a small machine four renderers
+        starting at once take several times as long as one. A task that finds no tab ready
+        waits for one of those (as for a wipe) instead of opening its own."""
+        if self.isolation != "tab" or count < 1:
             return
         browser = await self._ensure()
+        first = min(count, ready if ready is not None else count)
         opened = await asyncio.gather(*(Tab.open(browser, user_agent=None, generation=self.restarts)
-                                        for _ in range(count)), return_exceptions=True)
+                                        for _ in range(first)), return_exceptions=True)
         self._tabs.setdefault((None, None), []).extend(t for t in opened if isinstance(t, Tab))
+        for _ in range(count - first):
+            warming = asyncio.create_task(self._warm(browser))
+            self._wiping.add(warming)  # on its way to the shelf, like a tab being wiped
+            warming.add_done_callback(self._wiping.discard)
+
+    async def _warm(self, browser: Browser) -> None:
+        try:
+            tab = await Tab.open(browser, user_agent=None, generation=self.restarts)
+        except PlaywrightError as exc:
+            log.warning("tab.prewarm_failed", error=exc.message[:200])
+            return
+        for old in self._shelve(tab):
+            await old.close()
 
     async def _idle_tab(self, kind: tuple[str | None, str | None]) -> Tab | None:
         while True:
