@@ -100,7 +100,9 @@ async def test_a_worker_killed_mid_crawl_loses_nothing_and_nothing_is_archived_t
     pages.install(site)
     site.page("/", "<html><body><a href='/w/1'>w</a></body></html>")
     settings = make_settings(tmp_path, nats_url, network={"allow": [f"{h}/32" for h in site.hosts]})
-    env = env_for(settings, BUSSCRAPE_WORKER__CONCURRENCY="2")
+    # The fleet's per-host limit above what the workers hold (2 × 2): fleet-wide politeness would
+    # otherwise leave a worker with only deferred tasks at times, and the kill could take no page down.
+    env = env_for(settings, BUSSCRAPE_WORKER__CONCURRENCY="2", BUSSCRAPE_WORKER__HOST_CONCURRENCY="8")
     async with await Bus.connect(settings, name="crawl-test") as bus:
         await wipe(bus)
         await provision.apply(bus.js, topology.load(settings))
