@@ -16,6 +16,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
+from busscrape.bus import names
 from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import StorageUnavailable
 
@@ -65,3 +66,20 @@ async def scan(js: JetStreamContext, stream: str, config: api.ConsumerConfig, *,
                 await sub.unsubscribe()
         with contextlib.suppress(*TRANSIENT):
             await js.delete_consumer(stream, info.name)
+
+
+async def kv_latest(js: JetStreamContext, bucket: str, keys: str = ">", *, timeout: float = 10.0) -> dict[str, bytes]:
+    """Every live key of ``bucket`` that ``keys`` (a subject filter) selects, with its value.
+
+    Not nats-py's ``KeyValue.keys`` or ``watch``: their "caught up" marker can come before the
+    first entry (an empty answer for a full bucket) or never (a read that hangs); a scan counts
+    what it reads against the consumer's own number. Delete and purge markers (no body) are left out.
+    """
+    prefix = names.kv_subject(bucket, "")
+    config = scan_config(filter_subject=prefix + keys, deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT)
+    found = {}
+    async with contextlib.aclosing(scan(js, names.kv_stream(bucket), config, timeout=timeout)) as entries:
+        async for msg in entries:
+            if msg.data:
+                found[msg.subject.removeprefix(prefix)] = msg.data
+    return found

@@ -20,6 +20,8 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from busscrape.bus import names
+from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.scan import kv_latest
 from busscrape.crawl.spec import CrawlSpec
 from busscrape.errors import StorageUnavailable
 from busscrape.model.messages import decode, encode
@@ -151,21 +153,15 @@ class CrawlState:
             pass
 
     async def pages(self, crawl_id: str) -> dict[str, dict[str, Any]]:
-        """Every page record of the crawl, by page key (one ordered read of the crawl's keys:
-        ``KeyValue.keys`` would list every crawl's and filter by substring)."""
-        kv = await self.kv()
+        """Every page record of the crawl, by page key (``bus.scan.kv_latest``: a crawl's summary
+        is all of its records, never what nats-py's watch had caught up with)."""
         prefix = f"{crawl_id}.page."
-        watcher = await kv.watch(prefix + ">", ignore_deletes=True)
-        out = {}
         try:
-            async for entry in watcher:
-                if entry is None:  # caught up
-                    break
-                if entry.value:
-                    out[entry.key.removeprefix(prefix)] = orjson.loads(entry.value)
-        finally:
-            await watcher.stop()
-        return out
+            found = await kv_latest(self._js, names.CRAWLS_BUCKET, prefix + ">")
+        except TRANSIENT as exc:
+            raise StorageUnavailable(f"cannot read crawl {crawl_id}'s pages in {names.CRAWLS_BUCKET}: "
+                                     f"{exc or type(exc).__name__}") from None
+        return {key.removeprefix(prefix): orjson.loads(value) for key, value in found.items()}
 
     async def save_links(self, crawl_id: str, page: str, links: dict[str, Any]) -> None:
         await (await self.kv()).put(f"{crawl_id}.links.{page}", orjson.dumps(links))

@@ -33,6 +33,7 @@ from nats.js.kv import KeyValue
 
 from busscrape.bus import names
 from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.scan import kv_latest
 from busscrape.worker.host_rules import HostRules, Limit
 from busscrape.worker.leases import Lease, take
 
@@ -269,18 +270,9 @@ class Cooling:
 async def cooling_hosts(js: JetStreamContext) -> list[Cooling]:
     """Hosts cooling now, read from COOLING (for ``busscrape status``); empty when it cannot be read."""
     try:
-        kv = await js.key_value(names.COOLING_BUCKET)
-        keys = await kv.keys()
-    except (nats.js.errors.NotFoundError, nats.js.errors.NoKeysError, *TRANSIENT):
+        entries = await kv_latest(js, names.COOLING_BUCKET)
+    except (nats.js.errors.NotFoundError, *TRANSIENT):
         return []
-    found = []
     now = time.time()
-    for key in keys:
-        try:
-            entry = await kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, *TRANSIENT):
-            continue
-        cooling = Cooling.decode(host_of(key), entry.value)
-        if cooling is not None and cooling.until > now:
-            found.append(cooling)
+    found = [c for key, value in entries.items() if (c := Cooling.decode(host_of(key), value)) and c.until > now]
     return sorted(found, key=lambda c: c.host)

@@ -41,6 +41,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from busscrape.bus import names
 from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.scan import kv_latest
 from busscrape.errors import ConfigurationError, InvalidTask, StorageUnavailable
 from busscrape.model.steps import Steps
 from busscrape.units import parse_duration
@@ -149,10 +150,7 @@ class SessionStore:
         return True
 
     async def names(self) -> list[str]:
-        try:
-            return sorted(await (await self._bucket()).keys())
-        except nats.js.errors.NoKeysError:
-            return []
+        return sorted(await kv_latest(self._js, names.SESSIONS_BUCKET))
 
 
 class Sessions:
