@@ -8,7 +8,6 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-import nats.errors
 from nats.js.kv import KeyValue
 
 
@@ -25,20 +24,20 @@ class KvWatch:
         self._task = asyncio.create_task(self._follow(), name=self._name)
 
     async def stop(self) -> None:
+        # The watcher's own stop ends the iteration; the cancel is for a callback in progress.
+        # Not a cancel alone: a cancel that meets an entry arriving is lost inside
+        # ``asyncio.wait_for`` (Python 3.11), and a loop around it waited again for ever — a
+        # `busscrape crawl` interrupted with Ctrl-C that never ended.
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                await self._watcher.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._watcher is not None:
-            with contextlib.suppress(Exception):  # the connection may be gone already
-                await self._watcher.stop()
 
     async def _follow(self) -> None:
-        while True:
-            try:
-                entry = await self._watcher.updates(timeout=3600)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
+        async for entry in self._watcher:
             # None marks the end of the initial values; an empty value is a delete or purge.
             if entry is not None and entry.value:
                 self._on_entry(entry.key, entry.value)
