@@ -11,6 +11,10 @@ created in between is given back (``state.settle``). The reservation is held und
 task id until then: a worker killed between reserving and creating leaves it for the page's
 redelivery, which re-uses it (no slot lost, none taken twice).
 
+A crawl without ``--max-pages`` has no budget to keep: its links are created at once, and only
+those that were there already are looked up in SEEN (this page's own, from an earlier go, or
+another page's): two round trips per page instead of six (bench/crawl.py measures the cost).
+
 What the links became is written once per page (``<crawl>.page.<task_id>``), after its result:
 a redelivery of the page finds that record and does nothing twice, or finds only the links kept
 for it (``<crawl>.links.<task_id>``, written before the result) and finishes the job. A link
@@ -39,7 +43,7 @@ from busscrape.crawl.spec import CrawlSpec, crawl_task_id
 from busscrape.crawl.state import SEEDS, CrawlState
 from busscrape.dispatch.urls import UrlNormaliser, UrlRules
 from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked, RetryableError
-from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode
+from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode, identity_tail
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
 from busscrape.telemetry.metrics import Telemetry
@@ -65,6 +69,7 @@ class Frontier:
         self._normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
         self._ttl = str(max(1, int(settings.dispatch.recrawl_after)))
         self._rules: dict[str, ScopeRules] = {}
+        self._tails: dict[str, bytes] = {}
         self._slots = asyncio.Semaphore(IN_FLIGHT)
         self._blocked: dict[str, bool] = {}
         """origin → whether the network policy refuses it (the worker's egress checks every request anyway)."""
@@ -74,6 +79,13 @@ class Frontier:
         if rules is None:
             rules = self._rules[spec.crawl_id] = ScopeRules(spec)
         return rules
+
+    def task_id(self, spec: CrawlSpec, url: str) -> str:
+        """``crawl_task_id`` of a link, the crawl's steps and options encoded once per crawl."""
+        tail = self._tails.get(spec.crawl_id)
+        if tail is None:
+            tail = self._tails[spec.crawl_id] = identity_tail(spec.steps, spec.options)
+        return crawl_task_id(spec.crawl_id, url, tail=tail)
 
     # -- seeds ------------------------------------------------------------------------------
 
@@ -148,7 +160,7 @@ class Frontier:
         ids = set()
         for raw in links.links:
             with contextlib.suppress(InputError):
-                ids.add(crawl_task_id(spec.crawl_id, self._normalise(raw), spec.steps, spec.options))
+                ids.add(self.task_id(spec, self._normalise(raw)))
         ids.discard(task.task_id)
         held = await asyncio.gather(*(self._held_by(t) for t in ids))
         queued = [t for t, by in zip(ids, held, strict=True) if by == task.task_id]
@@ -209,7 +221,7 @@ class Frontier:
             if scoped and not (seeds and raw in seeds) and (why := rules.verdict(url)):
                 skip(url, why)
                 continue
-            task_id = crawl_task_id(cid, url, spec.steps, spec.options)
+            task_id = self.task_id(spec, url)
             if task_id in candidates or task_id == parent:
                 counts["duplicate"] += 1
                 continue
@@ -219,6 +231,11 @@ class Frontier:
             if why:
                 skip(url, why)
                 del candidates[task_id]
+        if spec.max_pages is None and parent is not None:
+            queued = await self._create_unbudgeted(spec, candidates, depth, parent)
+            counts["duplicate"] += len(candidates) - len(queued)
+            counts["queued"] = len(queued)
+            return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
         queued: list[str] = []
         fresh: list[str] = []
         for task_id, held in zip(list(candidates), await asyncio.gather(*(self._held_by(t) for t in candidates)),
@@ -244,6 +261,20 @@ class Frontier:
             await self.state.settle(cid, holder, granted - sum(made))
         counts["queued"] = len(queued)
         return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
+
+    async def _create_unbudgeted(self, spec: CrawlSpec, candidates: dict[str, tuple[str, str]], depth: int,
+                                 parent: str) -> list[str]:
+        """Create every candidate (no budget to reserve first); the ids this page queued: those it
+        created now, and those an earlier (or a concurrent) go of it created, recognised by their
+        parent in SEEN."""
+        made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], depth, parent)
+                                      for task_id in candidates))
+        queued = [task_id for task_id, created in zip(candidates, made, strict=True) if created]
+        lost = [task_id for task_id, created in zip(candidates, made, strict=True) if not created]
+        if lost:
+            held = await asyncio.gather(*(self._held_by(t) for t in lost))
+            queued += [task_id for task_id, by in zip(lost, held, strict=True) if by == parent]
+        return queued
 
     async def _admissible(self, spec: CrawlSpec, url: str) -> str | None:
         """Why the network policy or robots.txt keeps ``url`` out, or None."""

@@ -1,6 +1,7 @@
 """Links from the rendered DOM: what the page's JavaScript made counts as much as the markup.
 
-``LINKS_JS`` runs in the page after the task's steps. An element's ``href`` property is the
+``LINKS_JS`` runs in the page after the task's steps, inside the capture's one read of the DOM
+(``worker.capture``: no round trip of its own). An element's ``href`` property is the
 attribute resolved against the document's base URL (``<base href>`` included), so the worker gets
 absolute URLs without resolving anything itself. The document's content type comes along:
 links of a non-HTML document (a PDF, an image, plain text) are not followed.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 MAX_LINKS = 5000
 """Links kept per page (document order); a page with more is cut there (and says so)."""
 
-LINKS_JS = """([selector, most]) => {
+LINKS_JS = """(selector, most) => {
   const out = [];
   const seen = new Set();
   let total = 0;

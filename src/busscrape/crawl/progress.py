@@ -63,6 +63,14 @@ def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
                         skipped=skipped[:50])
 
 
+async def budget_used(state: CrawlState, summary: CrawlSummary) -> int:
+    """Pages the crawl queued: its budget key's count with ``--max-pages``; without, every page
+    record's queued (such a crawl's links skip the budget key: ``crawl.frontier``)."""
+    if (await state.spec(summary.crawl_id)).max_pages is None:
+        return summary.links.get("queued", 0)
+    return await state.used(summary.crawl_id)
+
+
 class CrawlWatch:
     """Feeds a ``Tracker`` with the tasks a crawl queues, from its page records as they come."""
 
@@ -103,5 +111,5 @@ class CrawlWatch:
         summary = summarise(self.crawl_id, await self.state.pages(self.crawl_id))
         states = [self.tracker.final[t].state for t in self.tasks if t in self.tracker.final]
         summary.archived, summary.dead = states.count("archived"), states.count("dead")
-        summary.budget_used = await self.state.used(self.crawl_id)
+        summary.budget_used = await budget_used(self.state, summary)
         return summary

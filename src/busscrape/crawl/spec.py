@@ -88,6 +88,8 @@ class CrawlSpec(Message):
         return hashlib.sha256(b"crawl:" + body).hexdigest()[:16]
 
 
-def crawl_task_id(crawl_id: str, url: str, steps: tuple[Step, ...] = (), options: TaskOptions | None = None) -> str:
-    """The task id of ``url`` in crawl ``crawl_id``."""
-    return hashlib.sha256(f"{crawl_id}:{task_key(url, steps, options)}".encode()).hexdigest()[:32]
+def crawl_task_id(crawl_id: str, url: str, steps: tuple[Step, ...] = (), options: TaskOptions | None = None, *,
+                  tail: bytes | None = None) -> str:
+    """The task id of ``url`` in crawl ``crawl_id`` (``tail``: ``identity_tail(steps, options)``,
+    when the caller has it already)."""
+    return hashlib.sha256(f"{crawl_id}:{task_key(url, steps, options, tail=tail)}".encode()).hexdigest()[:32]

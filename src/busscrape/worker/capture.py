@@ -8,7 +8,6 @@ captures go to ARTIFACTS as bytes, the rest travels inline.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
@@ -31,7 +30,7 @@ MAX_TITLE = 1000
 # innerText leaves out the gap a margin or padding draws between two inline elements that touch
 # in the markup (<a>Home</a><a>Article</a> reads "HomeArticle"): for the time of the read, a space
 # stands in each such gap.
-_CAPTURE_JS = """(wantText) => {
+_CAPTURE_JS = """([wantText, follow, most]) => {
   const nav = performance.getEntriesByType('navigation')[0];
   const root = document.documentElement;
   let text = '';
@@ -49,7 +48,15 @@ _CAPTURE_JS = """(wantText) => {
     text = document.body.innerText;
     for (const space of gaps) space.remove();
   }
+  let links = null, linksMs = 0;
+  if (follow) {
+    const began = performance.now();
+    links = (""" + LINKS_JS + """)(follow, most);
+    linksMs = performance.now() - began;
+  }
   return {
+    links: links,
+    links_ms: linksMs,
     title: document.title || '',
     text: text,
     height: Math.max(root ? root.scrollHeight : 0, document.body ? document.body.scrollHeight : 0),
@@ -122,13 +129,13 @@ class Capturer:
     async def capture(self, visit: Visit) -> Rendered:
         page, task, timings = visit.tab.page, visit.task, visit.timings
         opts = task.options
-        dom = await page.evaluate(_CAPTURE_JS, "text" in opts.artifacts)
-        # Read with the DOM, after the steps: links that JavaScript made are there too.
+        # The links come in the same read, after the steps: links that JavaScript made are there too.
+        dom = await page.evaluate(_CAPTURE_JS, ["text" in opts.artifacts, visit.follow, MAX_LINKS])
         links = None
         if visit.follow:
-            started = time.perf_counter()
-            links = PageLinks.from_js(await page.evaluate(LINKS_JS, [visit.follow, MAX_LINKS]))
-            timings["links"] = round((time.perf_counter() - started) * 1000, 2)  # reading them (bench/crawl.py)
+            links = PageLinks.from_js(dom.get("links") or {})
+            # What reading them added to the read, timed in the page (bench/crawl.py reads it).
+            timings["links"] = round(float(dom.get("links_ms") or 0.0), 2)
         if "html" in opts.artifacts or opts.extractor:
             dom["html"] = await page.content()
         captures = self._texts(task, dom)
