@@ -22,7 +22,8 @@ LOGIN = """<title>login</title><form method=post action=/login>
 
 
 def login_site(site, slow: float = 0.0) -> dict[str, int]:
-    seen = {"logins": 0}
+    seen = {"logins": 0, "valid_from": 0}
+    """``valid_from``: the first login whose cookie the site still takes (raised: it forgets the older)."""
 
     @site.route("/login")
     async def login(request: web.Request) -> web.StreamResponse:
@@ -31,7 +32,7 @@ def login_site(site, slow: float = 0.0) -> dict[str, int]:
             seen["logins"] += 1
             await asyncio.sleep(slow)  # a slow login: the other workers' tasks arrive meanwhile
             response = web.HTTPSeeOther("/welcome")
-            response.set_cookie("sid", f"ok-{form.get('user')}", httponly=True)
+            response.set_cookie("sid", f"ok-{form.get('user')}.{seen['logins']}", httponly=True)
             raise response
         return web.Response(text=LOGIN, content_type="text/html")
 
@@ -41,8 +42,9 @@ def login_site(site, slow: float = 0.0) -> dict[str, int]:
 
     @site.route("/private")
     async def private(request: web.Request) -> web.StreamResponse:
-        if request.cookies.get("sid", "").startswith("ok-"):
-            return web.Response(text=f"<title>secret of {request.cookies['sid'][3:]}</title><a id=logout>out</a>",
+        user, _, login = request.cookies.get("sid", "").removeprefix("ok-").partition(".")
+        if request.cookies.get("sid", "").startswith("ok-") and int(login or 0) >= seen["valid_from"]:
+            return web.Response(text=f"<title>secret of {user}</title><a id=logout>out</a>",
                                 content_type="text/html")
         return web.Response(text="<title>login please</title>", content_type="text/html")
 
@@ -118,6 +120,36 @@ async def test_two_workers_log_a_new_session_in_once(bus, wsettings, site, tmp_p
     assert seen["logins"] == 1 and set(got) == {"secret of alice"}
     assert one.counters["completed"] > 0 and two.counters["completed"] > 0  # both rendered the session's pages
     assert one.counters["deferred"] + two.counters["deferred"] > 0  # the one that did not log in waited
+
+
+@pytest.mark.browser
+async def test_a_failed_check_logs_in_again_once_for_the_fleet(bus, wsettings, site, tmp_path):  # noqa: F811
+    """The site forgets the session's login: both workers' pages fail the check at once, one of
+    them logs in again under the session's login lease, the other's tasks wait and use it."""
+    from busscrape.bus.connection import Bus
+
+    seen = login_site(site, slow=1.5)
+    s = wsettings.with_overrides(worker={"concurrency": 2, "sessions_file": str(sessions_file(tmp_path, site)),
+                                         "host_concurrency": 4, "host_busy_retry": "200ms"})
+    await provision.apply(bus.js, topology.load(s))
+    await enqueue(bus.js, site.url("/private?n=first"), options=TaskOptions(session="shop-4"))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert seen["logins"] == 1
+    seen["valid_from"] = 2  # logged out on the site's side: the stored cookie no longer opens the page
+    for i in range(12):
+        await enqueue(bus.js, site.url(f"/private?n={i}"), options=TaskOptions(session="shop-4", artifacts=("html",)))
+    other = await Bus.connect(s, name="second-worker")
+    try:
+        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
+                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
+            await asyncio.gather(one.run(), two.run())
+    finally:
+        await other.close()
+    assert await dead_letters(bus.js) == []
+    assert {r.title for r in await results(bus.js)} == {"secret of alice"}
+    assert seen["logins"] == 2  # one login again, not one per worker that saw the check fail
+    assert (await SessionStore(bus.js).get("shop-4")).logins == 2
 
 
 @pytest.mark.browser

@@ -126,16 +126,23 @@ class Renderer:
             if lease is not None:
                 await lease.release()
 
-    async def _claim_login(self, name: str, stored: Stored | None) -> tuple[Lease | None, Stored | None]:
-        """A new or expired session: the fleet's login lease, or a deferral of the task while
-        another worker holds it. A session that worker stored meanwhile is used as it is."""
+    async def _claim_login(self, name: str, stored: Stored | None, *,
+                           failed_check: bool = False) -> tuple[Lease | None, Stored | None]:
+        """A new or expired session, or one whose check just failed: the fleet's login lease, or
+        a deferral of the task while another worker holds it. A login that worker stored
+        meanwhile is used as it is: at once for a new session, and for a failed check by
+        deferring the task (its page was loaded with the old state; it comes back with the new)."""
         assert self.sessions is not None
         lease = await self.sessions.claim_login(name)
         if lease is None:
             raise Deferred(Wait(self.sessions.login_wait, "session_login"))
         again = await self.sessions.store.get(name, expired=True)
-        if again is not None and again.expires_at > time.time():
+        renewed = again is not None and again.expires_at > time.time() and (
+            not failed_check or stored is None or again.logged_in_at > stored.logged_in_at)
+        if renewed:
             await lease.release()
+            if failed_check:
+                raise Deferred(Wait(0.05, "session_login"))
             return None, again
         return lease, again if again is not None else stored
 
@@ -145,6 +152,7 @@ class Renderer:
         upstream, listener = await self._proxy_for(task, stored.proxy if stored is not None else None)
         fresh = stored is not None and stored.expires_at > time.time()
         state = None if rule is None else stored.state if fresh and stored else {"cookies": [], "origins": []}
+        relogin: Lease | None = None
         async with self.pool.tab(user_agent=opts.user_agent, proxy=listener, session=state) as tab:
             try:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
@@ -155,7 +163,10 @@ class Renderer:
                 try:
                     rendered = await self._visit(tab, task, watch, before_navigation, follow)
                     if rule is not None and not logged_in and not await _session_holds(tab.page, rule):
-                        await self._login(tab, rule, task)  # the check failed: logged out, log in again
+                        # The check failed: logged out. Logged in again once for the fleet, as a
+                        # new session is: every worker whose page fails at once would log in.
+                        relogin, stored = await self._claim_login(rule_name(task), stored, failed_check=True)
+                        await self._login(tab, rule, task)
                         logged_in = True
                         rendered = await self._visit(tab, task, watch, before_navigation, follow)
                 except BaseException:
@@ -172,6 +183,9 @@ class Renderer:
                 raise NavigationTimeout(f"{task.url}: {first_line(exc)}", reason="page_timeout") from None
             except PlaywrightError as exc:
                 raise page_error(task.url, exc) from None
+            finally:
+                if relogin is not None:  # held until the new login is stored
+                    await relogin.release()
 
     async def _login(self, tab: Tab, rule: SessionRule, task: ScrapeTask) -> None:
         """The session's login: its page, its steps, the page left to settle."""

@@ -20,7 +20,8 @@ the check; then the task's page is loaded again. After each task the context's s
 back, so cookies a page set carry on. Within one worker a session's tasks run one at a time (one
 login, not one per slot); across workers the first to find a session missing takes its login
 lease (HOSTS, ``login.<name>``) and logs in, and the others' tasks of that session are deferred
-until it is stored (then they use it). A failed check logs in again in the worker that saw it.
+until it is stored (then they use it). A failed check logs in again under the same lease: one
+login again for the fleet, however many workers' pages failed the check at once.
 """
 
 from __future__ import annotations
