@@ -63,6 +63,25 @@ ttl = "{ttl}"
     return path
 
 
+def two_worker_settings(base, tmp_path, site):
+    return base.with_overrides(worker={"concurrency": 2, "sessions_file": str(sessions_file(tmp_path, site)),
+                                       "host_concurrency": 4, "host_busy_retry": "200ms"})
+
+
+async def two_workers(bus, s) -> tuple[Worker, Worker]:
+    """Two workers (each with its own connection) run the queue dry side by side."""
+    from busscrape.bus.connection import Bus
+
+    other = await Bus.connect(s, name="second-worker")
+    try:
+        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
+                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
+            await asyncio.gather(one.run(), two.run())
+    finally:
+        await other.close()
+    return one, two
+
+
 @pytest.mark.browser
 async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bus, wsettings, site,  # noqa: F811
                                                                              tmp_path):
@@ -100,21 +119,12 @@ async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bu
 async def test_two_workers_log_a_new_session_in_once(bus, wsettings, site, tmp_path):  # noqa: F811
     """The first worker to find the session missing takes its login lease; the other worker's
     tasks of that session are deferred until the session is stored, then use it."""
-    from busscrape.bus.connection import Bus
-
     seen = login_site(site, slow=1.5)
-    s = wsettings.with_overrides(worker={"concurrency": 2, "sessions_file": str(sessions_file(tmp_path, site)),
-                                         "host_concurrency": 4, "host_busy_retry": "200ms"})
+    s = two_worker_settings(wsettings, tmp_path, site)
     await provision.apply(bus.js, topology.load(s))
     for i in range(12):
         await enqueue(bus.js, site.url(f"/private?n={i}"), options=TaskOptions(session="shop-3", artifacts=("html",)))
-    other = await Bus.connect(s, name="second-worker")
-    try:
-        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
-                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
-            await asyncio.gather(one.run(), two.run())
-    finally:
-        await other.close()
+    one, two = await two_workers(bus, s)
     got = [r.title for r in await results(bus.js)]
     assert await dead_letters(bus.js) == [] and len(got) == 12
     assert seen["logins"] == 1 and set(got) == {"secret of alice"}
@@ -126,11 +136,8 @@ async def test_two_workers_log_a_new_session_in_once(bus, wsettings, site, tmp_p
 async def test_a_failed_check_logs_in_again_once_for_the_fleet(bus, wsettings, site, tmp_path):  # noqa: F811
     """The site forgets the session's login: both workers' pages fail the check at once, one of
     them logs in again under the session's login lease, the other's tasks wait and use it."""
-    from busscrape.bus.connection import Bus
-
     seen = login_site(site, slow=1.5)
-    s = wsettings.with_overrides(worker={"concurrency": 2, "sessions_file": str(sessions_file(tmp_path, site)),
-                                         "host_concurrency": 4, "host_busy_retry": "200ms"})
+    s = two_worker_settings(wsettings, tmp_path, site)
     await provision.apply(bus.js, topology.load(s))
     await enqueue(bus.js, site.url("/private?n=first"), options=TaskOptions(session="shop-4"))
     async with Worker(bus, s) as worker:
@@ -139,13 +146,7 @@ async def test_a_failed_check_logs_in_again_once_for_the_fleet(bus, wsettings, s
     seen["valid_from"] = 2  # logged out on the site's side: the stored cookie no longer opens the page
     for i in range(12):
         await enqueue(bus.js, site.url(f"/private?n={i}"), options=TaskOptions(session="shop-4", artifacts=("html",)))
-    other = await Bus.connect(s, name="second-worker")
-    try:
-        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
-                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
-            await asyncio.gather(one.run(), two.run())
-    finally:
-        await other.close()
+    await two_workers(bus, s)
     assert await dead_letters(bus.js) == []
     assert {r.title for r in await results(bus.js)} == {"secret of alice"}
     assert seen["logins"] == 2  # one login again, not one per worker that saw the check fail
