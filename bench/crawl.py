@@ -54,12 +54,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}, **extra}
 
 
-def busscrape_crawl(seeds: list[str], workdir: Path, concurrency: int) -> tuple[int, float, dict]:
+def busscrape_crawl(seeds: list[str], workdir: Path, concurrency: int,
+                    max_pages: int | None = None) -> tuple[int, float, dict]:
     env = clean_env(BUSSCRAPE_STATE_DIR=str(workdir / "state"),
                     BUSSCRAPE_NETWORK__ALLOW=json.dumps([f"{h}/32" for h in HOSTS]),
                     BUSSCRAPE_WORKER__HOST_CONCURRENCY=str(concurrency))
     cmd = [sys.executable, "-m", "busscrape", "crawl", *seeds, "--depth", str(DEPTH), "--strip-tracking",
            "--workers", "1", "--concurrency", str(concurrency), "--json"]
+    if max_pages is not None:  # a budget: its compare-and-set and settle on every page's links
+        cmd += ["--max-pages", str(max_pages)]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, cwd=workdir)
     seconds = time.perf_counter() - started
@@ -115,6 +118,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--crawlee-python", default=str(ROOT / ".venv-crawlee" / "bin" / "python"))
     parser.add_argument("--no-crawlee", action="store_true", help="(a) alone")
+    parser.add_argument("--max-pages", type=int, help="(a) with a page budget (one that does not bind: "
+                        "what the budget's round trips cost)")
     args = parser.parse_args()
     with Site(hosts=HOSTS) as site, tempfile.TemporaryDirectory() as tmp:
         expected = crawl_site.install_graph(site)
@@ -122,7 +127,7 @@ def main() -> None:
         workdir = Path(tmp)
         (workdir / "a").mkdir()
         (workdir / "c").mkdir()
-        a_pages, a_seconds, summary = busscrape_crawl(seeds, workdir / "a", args.concurrency)
+        a_pages, a_seconds, summary = busscrape_crawl(seeds, workdir / "a", args.concurrency, args.max_pages)
         costs = asyncio.run(link_costs(workdir / "a", summary["crawl"]["crawl_id"]))
         linked = sum(1 for _, path in expected if not path.startswith("/only-sitemap"))
         total = sorted(costs["total"])
