@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import nats.js.errors
@@ -200,7 +201,7 @@ class Frontier:
 
     async def _enqueue(self, spec: CrawlSpec, parent: str | None, depth: int, urls: list[str], *, scoped: bool,
                        seeds: set[str] | None = None) -> dict[str, Any]:
-        cid, rules = spec.crawl_id, self.rules(spec)
+        rules = self.rules(spec)
         counts: Counter[str] = Counter({k: 0 for k in OUTCOMES})
         skipped: list[dict[str, str]] = []
 
@@ -234,8 +235,16 @@ class Frontier:
         if spec.max_pages is None and parent is not None:
             queued = await self._create_unbudgeted(spec, candidates, depth, parent)
             counts["duplicate"] += len(candidates) - len(queued)
-            counts["queued"] = len(queued)
-            return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
+        else:
+            queued = await self._create_budgeted(spec, candidates, depth, parent, counts, skip)
+        counts["queued"] = len(queued)
+        return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
+
+    async def _create_budgeted(self, spec: CrawlSpec, candidates: dict[str, tuple[str, str]], depth: int,
+                               parent: str | None, counts: Counter[str],
+                               skip: Callable[[str, str], None]) -> list[str]:
+        """Reserve budget slots for the candidates not in SEEN yet, create those granted, give back
+        the slots of creates that lost; the ids this page queued (an earlier go's too)."""
         queued: list[str] = []
         fresh: list[str] = []
         for task_id, held in zip(list(candidates), await asyncio.gather(*(self._held_by(t) for t in candidates)),
@@ -247,7 +256,7 @@ class Frontier:
             else:
                 counts["duplicate"] += 1
         holder = parent or SEEDS
-        granted, holds = await self.state.reserve(cid, holder, len(fresh), spec.max_pages, mine=len(queued))
+        granted, holds = await self.state.reserve(spec.crawl_id, holder, len(fresh), spec.max_pages, mine=len(queued))
         for task_id in fresh[granted:]:
             skip(candidates[task_id][0], "budget_cut")
         made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], depth, parent)
@@ -258,9 +267,8 @@ class Frontier:
             else:
                 counts["duplicate"] += 1  # another page created it in between: its slot goes back
         if holds:
-            await self.state.settle(cid, holder, granted - sum(made))
-        counts["queued"] = len(queued)
-        return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
+            await self.state.settle(spec.crawl_id, holder, granted - sum(made))
+        return queued
 
     async def _create_unbudgeted(self, spec: CrawlSpec, candidates: dict[str, tuple[str, str]], depth: int,
                                  parent: str) -> list[str]:
@@ -269,8 +277,10 @@ class Frontier:
         parent in SEEN."""
         made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], depth, parent)
                                       for task_id in candidates))
-        queued = [task_id for task_id, created in zip(candidates, made, strict=True) if created]
-        lost = [task_id for task_id, created in zip(candidates, made, strict=True) if not created]
+        queued: list[str] = []
+        lost: list[str] = []
+        for task_id, created in zip(candidates, made, strict=True):
+            (queued if created else lost).append(task_id)
         if lost:
             held = await asyncio.gather(*(self._held_by(t) for t in lost))
             queued += [task_id for task_id, by in zip(lost, held, strict=True) if by == parent]
