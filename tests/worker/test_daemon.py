@@ -126,10 +126,11 @@ async def test_a_dead_task_is_kept_until_its_dead_status_is_recorded(wbus, wsett
     task = await enqueue(wbus.js, site.url("/status?code=404"))
     async with Worker(wbus, wsettings.with_overrides(worker={"exit_when_idle": "1h"})) as worker:
         running = asyncio.create_task(worker.run())
-        await wait_until(lambda: _letters(wbus.js, 1), timeout=60)
-        filed_after = len(stamps["/status"])
-        # redelivered (retry_base_delay 200ms) and still not acked while STATUS is missing
-        await wait_until(lambda: asyncio.sleep(0, len(stamps["/status"]) >= filed_after + 2), timeout=60)
+        await wait_until(lambda: _letters(wbus.js, 1), timeout=60)  # a 404 is filed at its first delivery
+        # Redelivered twice since (retry_base_delay 200ms) and still not acked while STATUS is
+        # missing. Counted in deliveries, not page requests: past max_deliver (3) a delivery files
+        # `max_deliveries` without rendering, and a late first look would miss requests.
+        await wait_until(lambda: _delivered(wbus.js, 3), timeout=60)
         assert await count(wbus.js, names.TASKS_STREAM) == 1  # filed, but not acked
         assert worker.counters["dead"] == 0
         await provision.apply(wbus.js, topology.load(wsettings))  # STATUS is back
@@ -144,6 +145,11 @@ async def test_a_dead_task_is_kept_until_its_dead_status_is_recorded(wbus, wsett
 
 async def _letters(js, n: int) -> bool:
     return await count(js, names.DEADLETTER_STREAM) >= n
+
+
+async def _delivered(js, n: int) -> bool:
+    info = await js.consumer_info(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+    return info.delivered.consumer_seq >= n
 
 
 async def _tasks_gone(js) -> bool:

@@ -224,8 +224,8 @@ async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(
                                                                                  tmp_path):
     """3 worker processes × concurrency 4; host A at host_concurrency=2 and host_delay 1 s (a rule),
     host B at the default 12: A never sees more than 2 pages at once nor two starts closer than the
-    delay (less what the trip from a worker's navigation to the site may shift a start by: 0.2 s
-    was seen at load 14), B gets more than 2 at once."""
+    delay (less what the trip from a worker's navigation to the site may shift a start by), nor
+    10 starts in less than 9 delays; B gets more than 2 at once."""
     log = Log()
     logged_page(site, log)
     rules = tmp_path / "politeness.toml"
@@ -241,8 +241,15 @@ async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(
     a, b = site.hosts
     assert len(log.starts(a)) == 10 and len(log.starts(b)) == 10, log.rows
     assert log.peak(a) <= 2, log.rows
-    gaps = [later - earlier for earlier, later in itertools.pairwise(log.starts(a))]
-    assert min(gaps) >= 0.7, gaps
+    starts = log.starts(a)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    # The gate's starts are `delay` apart; the site sees each one a trip later, and the trips
+    # differ (0.31 s seen in CI, where 3 workers' Chromiums share 2 cores with the suite). Each
+    # gap may lose up to one trip; the whole run at most its first start's trip, so the span
+    # checks the pace itself. Without the delay two slots start together (gaps near 0).
+    trip = 0.5
+    assert min(gaps) >= 1.0 - trip, gaps
+    assert starts[-1] - starts[0] >= 9 * 1.0 - trip, gaps
     assert log.peak(b) > 2, log.rows
     # Every deferral spent no attempt: with one attempt allowed, nothing was dead-lettered.
     assert len(await results(bus.js)) == 20 and await dead_letters(bus.js) == []
