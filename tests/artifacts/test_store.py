@@ -11,9 +11,11 @@ from busscrape.artifacts import store as artifact_store
 from busscrape.artifacts.leftovers import StrayChunks
 from busscrape.artifacts.store import ArtifactStore, _chunk_subject, _meta_subject, _placeholder, object_name
 from busscrape.bus import names
+from busscrape.bus.connection import Bus
 from busscrape.bus.names import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 from busscrape.errors import ArtifactUnusable, StorageUnavailable
 from tests.support.bus import wait_until
+from tests.support.relay import Relay
 
 
 async def test_put_stream_and_delete_a_large_object(applied):
@@ -191,3 +193,78 @@ async def test_a_replica_behind_the_leader_cannot_make_live_chunks_look_like_str
     assert all([await store.exists(ref) for ref in refs])
     assert [await store.read(ref) for ref in refs] == [b"live 0", b"live 1", b"live 2"]
     await store.close()
+
+
+def _nth(n: int, picks):
+    """A one-shot predicate: true for the ``n``-th frame ``picks`` matches, never again."""
+    seen = 0
+
+    def pick(*frame: bytes) -> bool:
+        nonlocal seen
+        if picks(*frame):
+            seen += 1
+            return seen == n
+        return False
+    return pick
+
+
+def _artifacts_puback(payload: bytes) -> bool:
+    return payload.startswith(b"{") and f'"stream":"{ARTIFACTS_STREAM}"'.encode() in payload
+
+
+async def _stored_through(relay: Relay, settings, data: bytes, name: str):
+    """``data`` put through ``relay`` by a store whose PubAcks time out fast (re-sends within 0.3 s);
+    the claim check, and how often the put had to be written anew."""
+    async with await Bus.connect(settings.with_overrides(nats={"url": relay.url}), name="store-via-relay") as bus:
+        store = ArtifactStore(bus.js, timeout=0.3)
+        try:
+            return await store.put(name, data, "text/plain", kind="text", file="page.txt"), store.reordered
+        finally:
+            await store.close()
+
+
+async def test_a_chunk_resent_after_its_puback_was_lost_is_stored_once(applied, nats_server, settings):
+    """The PubAck of a chunk lost (a node killed between storing it and answering): the re-send
+    must not store it a second time, or the object reads twice its size (seen in the cluster
+    fault test as ``artifact_checksum_mismatch``, 5214 bytes for 2607)."""
+    data = os.urandom(2607)
+    async with Relay(nats_server.port) as relay:
+        relay.withhold = _nth(2, _artifacts_puback)  # the placeholder's comes first, then the chunk's
+        ref, reordered = await _stored_through(relay, settings, data, object_name("d" * 32, 1, 1, "page.txt"))
+        assert relay.withheld == 1
+    assert reordered == 0  # the duplicate's PubAck names the first copy's place: nothing to write again
+    chunks = (await applied.js.stream_info(ARTIFACTS_STREAM, subjects_filter=_chunk_subject(">"))).state
+    assert chunks.subjects == {_chunk_subject(ref.nuid): 1}
+    store = ArtifactStore(applied.js)
+    assert await store.read(ref) == data
+    native = await applied.js.object_store(ARTIFACTS_BUCKET)
+    assert (await native.get(ref.object)).data == data
+    await store.close()
+
+
+@pytest.mark.parametrize("lost", ["placeholder", "first chunk"])
+async def test_a_message_lost_on_the_way_and_resent_late_cannot_scramble_the_object(applied, nats_server, settings,
+                                                                                   lost):
+    """Chunks are pipelined: when one is lost on the way, the ones behind it land first and its
+    re-send lands after them. The object must still read as written (and its placeholder must
+    not land after its meta, which would make the finished object look deleted)."""
+    data = os.urandom(artifact_store.CHUNK_SIZE + 5000)  # two chunks
+    name = object_name("o" * 32, 1, 1, "page.txt")
+    subject = (_meta_subject(name) if lost == "placeholder" else _chunk_subject("")).encode()
+    async with Relay(nats_server.port) as relay:
+        relay.drop = _nth(1, lambda subj, payload: subj.startswith(subject))
+        ref, reordered = await _stored_through(relay, settings, data, name)
+        assert relay.dropped == 1
+    assert reordered == 1
+    store = ArtifactStore(applied.js)
+    assert await store.exists(ref)
+    assert await store.read(ref) == data
+    native = await applied.js.object_store(ARTIFACTS_BUCKET)
+    assert (await native.get(ref.object)).data == data
+    await store.close()
+
+
+async def test_the_bucket_remembers_message_ids_longer_than_a_put_resends(applied):
+    """Re-sends are made harmless by ``Nats-Msg-Id``: only within the stream's duplicate window."""
+    config = (await applied.js.stream_info(ARTIFACTS_STREAM)).config
+    assert config.duplicate_window >= ArtifactStore(applied.js).resend_span

@@ -8,7 +8,8 @@ as a network that loses it would look to the client, while the server has stored
 The other way it sees the client's publishes (``PUB`` and ``HPUB``): the first one ``hold``
 picks, and everything that client sends after it, never reaches the server, and ``held`` is
 set. A test then SIGKILLs the client process, which dies exactly before that publish — say
-the ack of its task — with every earlier one done (no hook inside the process needed).
+the ack of its task — with every earlier one done (no hook inside the process needed). The
+publishes ``drop`` picks are lost on the way, and only those: the client's next ones go on.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Relay:
         self.withheld = 0
         self.hold: Callable[[bytes, bytes], bool] | None = None
         self.held = asyncio.Event()
+        self.drop: Callable[[bytes, bytes], bool] | None = None
+        self.dropped = 0
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -102,6 +105,9 @@ class Relay:
                 if self.hold is not None and self.hold(parts[1], payload):
                     self.held.set()
                     await asyncio.Event().wait()  # frozen: the test kills the client now
+                if self.drop is not None and self.drop(parts[1], payload):
+                    self.dropped += 1
+                    continue
             writer.write(line + body)
             await writer.drain()
 

@@ -9,6 +9,11 @@ at the end. Chunks go through ``publisher.Publisher`` rather than ``js.publish_a
 future never settles when the server refuses a message (nats-py raises inside its reply
 handler instead), which would hang the upload.
 
+Pipelining and re-sends must not change what a reader sees: every message of a put carries a
+``Nats-Msg-Id`` (a re-send after a lost PubAck is not stored twice), and a put whose PubAcks show
+its messages stored out of the order sent (one lost on the way, re-sent behind later ones) is
+purged and written again under a new NUID.
+
 Object names are ``<task_id>/<task_seq>/<attempt>/<file>``: a retry never overwrites the bytes
 another attempt's result may point to. Before its chunks, a put rolls a placeholder meta (marked
 deleted, so no reader takes it for the object) onto the name: whatever a killed writer leaves is
@@ -23,6 +28,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
@@ -30,24 +36,27 @@ from typing import IO, Any
 import nats.errors
 import nats.js.errors
 import orjson
+import structlog
 from nats.js import JetStreamContext, api
 
 from busscrape.bus import names
 from busscrape.bus.compat import connection_of, next_nuid
 from busscrape.bus.names import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
-from busscrape.bus.publisher import Publication, Publisher, PublishFailed
+from busscrape.bus.publisher import Publication, Publisher, PublishFailed, resend_span
 from busscrape.bus.retry import TRANSIENT
 from busscrape.bus.scan import scan, scan_config
 from busscrape.errors import ArtifactUnusable, StorageUnavailable
 from busscrape.model.messages import ArtifactRef
 
+log = structlog.get_logger("busscrape.artifacts")
+
 CHUNK_SIZE = 256 * 1024
 _WINDOW = 64  # chunks in flight when writing (all objects of this store together)
 _READ_BATCH = 8  # chunks per batched direct get when reading (2 MiB)
 _PUT_RETRIES = 2  # re-sends of a chunk or meta whose PubAck did not come in time
+_LAYOUT_TRIES = 3  # puts of one object whose messages landed out of order, before the task is retried
 _META_BATCH = 1000  # metas per batched direct get when looking for stray chunks
 _READ_TIMEOUT = 30.0
-_ROLLUP = {names.ROLLUP: "sub"}
 _ALL_METAS = names.object_metas(ARTIFACTS_BUCKET)
 
 
@@ -74,6 +83,8 @@ class ArtifactStore:
         self._opening = asyncio.Lock()
         self.leader_reads = 0
         """Chunks a direct get did not return and the stream's leader did (a lagging replica)."""
+        self.reordered = 0
+        """Puts written again because their messages had landed out of the order they were sent."""
 
     async def close(self) -> None:
         """Stop the publisher behind ``put`` (if one was started)."""
@@ -91,11 +102,25 @@ class ArtifactStore:
 
     async def put(self, name: str, data: bytes | IO[bytes], content_type: str, *, kind: str,
                   file: str) -> ArtifactRef:
-        """Store ``data`` (bytes, or a file read chunk by chunk from where it stands) under
-        ``name`` and return its claim check.
+        """Store ``data`` (bytes, or a seekable file read chunk by chunk from where it stands)
+        under ``name`` and return its claim check.
 
         Raises ``StorageUnavailable`` when NATS does not take it (the task is retried).
         """
+        start = None if isinstance(data, bytes) else data.tell()
+        for _ in range(_LAYOUT_TRIES):
+            if start is not None:
+                data.seek(start)  # type: ignore[union-attr]
+            ref = await self._put_once(name, data, content_type, kind=kind, file=file)
+            if ref is not None:
+                return ref
+        raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: its messages landed "
+                                 f"out of order {_LAYOUT_TRIES} times")
+
+    async def _put_once(self, name: str, data: bytes | IO[bytes], content_type: str, *, kind: str,
+                        file: str) -> ArtifactRef | None:
+        """One try of ``put`` under a NUID of its own; None when its messages did not land in the
+        order they were sent (purged again: ``put`` writes the object anew)."""
         nuid = next_nuid(self._nc)
         chunk_subject = _chunk_subject(nuid)
         acks: list[asyncio.Future[Publication]] = []
@@ -103,12 +128,12 @@ class ArtifactStore:
             writer = await self._writer()
             # Same connection, so the server has it before any chunk: chunks are never nameless.
             acks.append(await writer.send(_meta_subject(name), orjson.dumps(_placeholder(name, nuid)),
-                                          dict(_ROLLUP)))
+                                          _headers(nuid, "p", rollup=True)))
             chunks = 0
             size = 0
             hashing = hashlib.sha256()
             for chunk in _chunks(data):
-                acks.append(await writer.send(chunk_subject, chunk))
+                acks.append(await writer.send(chunk_subject, chunk, _headers(nuid, chunks)))
                 chunks += 1
                 size += len(chunk)
                 if not isinstance(data, bytes):
@@ -132,17 +157,33 @@ class ArtifactStore:
             # The meta goes out right behind the chunks, not after their PubAcks: one round trip per
             # artifact instead of two. Nothing points at the object before every PubAck is in (the
             # result is published after), and a failure purges chunks and meta alike.
-            acks.append(await writer.send(_meta_subject(name), orjson.dumps(info), dict(_ROLLUP)))
-            for pub in await asyncio.gather(*acks):
+            acks.append(await writer.send(_meta_subject(name), orjson.dumps(info), _headers(nuid, "m", rollup=True)))
+            settled = await asyncio.gather(*acks)
+            for pub in settled:
                 if pub.error is not None:
                     raise pub.error
         except (*TRANSIENT, PublishFailed) as exc:
-            # The meta only once its chunks are gone: while it stays, it names them (see ``delete``).
-            if await self._purge_quietly(chunk_subject):
-                await self._purge_quietly(_meta_subject(name))
+            await self._discard(name, chunk_subject)
             raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc}") from None
+        # Readers take chunks in stream order, and a finished meta must be the last one rolled onto
+        # the name. Pipelined messages can land out of send order: one lost on the way (a reconnect,
+        # a stream leader going down) is re-sent after the ones behind it have landed. A re-send
+        # of one that did land is no second copy (its Nats-Msg-Id), and its PubAck names the
+        # first copy's sequence; so the sequences say exactly whether the layout is the one sent.
+        seqs = [pub.ack.seq for pub in settled if pub.ack is not None]
+        if any(later <= earlier for earlier, later in itertools.pairwise(seqs)):
+            self.reordered += 1
+            log.warning("artifact.out_of_order", object=name, seqs=seqs[:8])
+            await self._discard(name, chunk_subject)
+            return None
         return ArtifactRef(name=file, kind=kind, object=name, size=size, sha256=digest.hex(),  # type: ignore[arg-type]
                            content_type=content_type, nuid=nuid)
+
+    async def _discard(self, name: str, chunk_subject: str) -> None:
+        """What a put that did not finish may have stored: the meta only once its chunks are gone
+        (while it stays, it names them: see ``delete``)."""
+        if await self._purge_quietly(chunk_subject):
+            await self._purge_quietly(_meta_subject(name))
 
     async def _info(self, name: str) -> dict | None:
         try:
@@ -297,10 +338,16 @@ class ArtifactStore:
         return named
 
     @property
+    def resend_span(self) -> float:
+        """The longest a put's message may go on being re-sent after its first send. ARTIFACTS'
+        duplicate window must be longer (``streams/artifacts.toml``)."""
+        return resend_span(self.timeout, _PUT_RETRIES)
+
+    @property
     def placeholder_lag(self) -> float:
         """How long after a put's first chunks its placeholder meta may still land: it was lost
-        in a reconnect and every re-send timed out, plus one timeout's margin."""
-        return self.timeout * (_PUT_RETRIES + 2)
+        in a reconnect and every re-send went out, plus one timeout's margin."""
+        return self.resend_span + self.timeout
 
     async def purge_chunks(self, nuid: str) -> None:
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_chunk_subject(nuid))
@@ -322,6 +369,14 @@ def _chunks(data: bytes | IO[bytes]) -> Iterator[bytes]:
         return
     while chunk := data.read(CHUNK_SIZE):
         yield chunk
+
+
+def _headers(nuid: str, part: int | str, *, rollup: bool = False) -> dict[str, str]:
+    """A put's message id (``names.object_part_msg_id``), and on a meta the roll-up of the name."""
+    headers = {names.MSG_ID: names.object_part_msg_id(nuid, part)}
+    if rollup:
+        headers[names.ROLLUP] = "sub"
+    return headers
 
 
 def _placeholder(name: str, nuid: str) -> dict[str, Any]:

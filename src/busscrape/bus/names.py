@@ -229,6 +229,12 @@ def poison_letter_id(stream: str, seq: int) -> str:
     return f"poison-{stream}-{seq}"
 
 
+def object_part_msg_id(nuid: str, part: int | str) -> str:
+    """One message of an object put: ``p`` its placeholder meta, ``0…`` its chunks, ``m`` its
+    meta. The put's NUID is its own, so a re-send after a lost PubAck is the only duplicate."""
+    return f"obj-{nuid}-{part}"
+
+
 def replay_msg_id(task_id: str, letter_seq: int) -> str:
     """A dead-letter replay: a replay re-run after a crash between PubAck and delete lands once,
     while replaying a task queued minutes earlier is not swallowed as a duplicate."""

@@ -217,6 +217,10 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
                 await js.add_stream(_with_desired(live, d))
         elif d.kind == "object_store":
             await js.create_object_store(d.name, config=d.create)
+            # Its duplicate window (``STREAM_ONLY``), which an update can set on the empty stream.
+            live = (await js.stream_info(d.stream)).config
+            if _diff(d.managed, live):
+                await js.update_stream(_with_desired(live, d))
         else:
             await js.add_stream(d.create)
     else:

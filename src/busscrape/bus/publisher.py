@@ -64,6 +64,17 @@ ABANDONED = 499
 """``PublishFailed.code`` when the publisher closed first: the message may or may not have landed."""
 
 
+BACKOFF = 0.25
+"""Seconds before the first re-send (doubling for each next one, up to ``MAX_BACKOFF``)."""
+MAX_BACKOFF = 5.0
+
+
+def resend_span(timeout: float, retries: int, base: float = BACKOFF, cap: float = MAX_BACKOFF) -> float:
+    """The longest a publication may go on being re-sent after its first send: every attempt
+    timed out and each re-send waited its longest backoff (a de-duplication window must outlast it)."""
+    return timeout * (retries + 1) + sum(min(cap, base * 2 ** (attempt - 1)) for attempt in range(1, retries + 1))
+
+
 class PublishFailed(RetryableError):
     """JetStream refused a publish, or no PubAck came within the retries.
 
@@ -130,8 +141,8 @@ class Publisher:
         window: int = 4096,
         timeout: float = 10.0,
         retries: int = 3,
-        backoff: float = 0.25,
-        max_backoff: float = 5.0,
+        backoff: float = BACKOFF,
+        max_backoff: float = MAX_BACKOFF,
         close_timeout: float | None = None,
     ) -> None:
         if window < 1:

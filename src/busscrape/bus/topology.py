@@ -41,9 +41,9 @@ _KV_TO_STREAM = {"ttl": "max_age", "history": "max_msgs_per_subject", "max_value
                  "max_bytes": "max_bytes", "storage": "storage", "replicas": "num_replicas",
                  "description": "description", "compression": "compression"}
 # Stream fields a bucket's own create API has no word for: set on the stream right after it.
-STREAM_ONLY = {"compression"}
+STREAM_ONLY = {"compression", "duplicate_window"}
 _OBJ_TO_STREAM = {"ttl": "max_age", "max_bytes": "max_bytes", "storage": "storage",
-                  "replicas": "num_replicas", "description": "description"}
+                  "replicas": "num_replicas", "description": "description", "duplicate_window": "duplicate_window"}
 
 _STREAM_FIELDS = {f.name for f in dataclasses.fields(api.StreamConfig)}
 _CONSUMER_FIELDS = {f.name for f in dataclasses.fields(api.ConsumerConfig)}

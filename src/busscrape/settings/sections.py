@@ -136,7 +136,7 @@ class StreamSettings(_Section):
     tasks_max_age: Duration = "14d"
     """How long an unprocessed task may wait in TASKS before it is discarded."""
     duplicate_window: Duration = "10m"
-    """How long ``Nats-Msg-Id`` de-duplication remembers a publish on TASKS and RESULTS."""
+    """How long ``Nats-Msg-Id`` de-duplication remembers a publish (TASKS, RESULTS, DEADLETTER, ARTIFACTS)."""
     results_max_age: Duration = "7d"
     """How long results stay in RESULTS (the ingester normally takes them in seconds)."""
     results_max_bytes: Size = "8GiB"
