@@ -12,6 +12,7 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.crawl.frontier import Frontier
 from busscrape.crawl.links import PageLinks
+from busscrape.crawl.progress import summarise
 from busscrape.crawl.run import start_crawl
 from busscrape.crawl.spec import CrawlSpec, crawl_task_id
 from busscrape.crawl.state import SEEDS, CrawlState
@@ -21,6 +22,7 @@ from tests.support import crawl_site
 from tests.support.bus import stream_messages
 
 HTML = "text/html"
+ELSEWHERE = "http://127.0.0.9:9"  # a host outside every crawl here: only ever a string, never asked
 
 
 def policy_for(site) -> NetworkPolicy:
@@ -275,6 +277,43 @@ async def test_a_held_slot_whose_link_another_page_created_meanwhile_goes_back(a
     # Seed, /r/1, /r/2, /r/3: the slot held for /r/2 went back.
     assert len(await seen_tasks(applied)) == 4
     assert await frontier.state.used(spec.crawl_id) == 4 and await frontier.state.holds(spec.crawl_id) == {}
+
+
+async def test_a_seed_that_redirects_off_its_host_widens_the_scope_for_every_worker(applied, settings, site):
+    """As Browsertrix adds a redirected seed: a host crawl of a site that moved (example.com →
+    www.example.com) crawls where it landed, not just its first page. A page further in that
+    redirects off the host still leaves its links alone (``redirected_out_of_scope``)."""
+    crawl_site.install(site)
+    seed, landed = site.url("/moved"), site.url("/home", host=1)
+    spec = CrawlSpec(seeds=(seed,), robots="ignore", depth=3)
+    one, two, other = await two_frontiers(applied, settings, site)
+    try:
+        await one.seed(spec)
+        # The second worker knows the crawl's scope from before the seed's redirect.
+        early = page_task(spec, site.url("/early"))
+        await two.follow(early, early.url, PageLinks((site.url("/x", host=1),), 1, HTML))
+        assert (await two.state.page(spec.crawl_id, early.task_id))["counts"]["out_of_scope"] == 1
+        [seed_task] = [t for t in await seen_tasks(applied) if t.url == seed]
+        on_landed, on_seed, off = site.url("/h1", host=1), site.url("/b"), ELSEWHERE + "/x"
+        await one.follow(seed_task, landed, PageLinks((on_landed, on_seed, off), 3, HTML))
+        record = await one.state.page(spec.crawl_id, seed_task.task_id)
+        assert record["seed_redirected_to"] == landed and "not_followed" not in record
+        assert (record["counts"]["queued"], record["counts"]["out_of_scope"]) == (2, 1)
+        # A task made after the redirect tells the second worker to read the scope again.
+        child = next(t for t in await seen_tasks(applied) if t.url == on_landed)
+        assert child.crawl.seeds_redirected == 1
+        deeper = site.url("/h2", host=1)
+        await two.follow(child, child.url, PageLinks((deeper,), 1, HTML))
+        assert (await two.state.page(spec.crawl_id, child.task_id))["counts"]["queued"] == 1
+        # Not a seed: a redirect off the (widened) scope is recorded, its links not followed.
+        away = next(t for t in await seen_tasks(applied) if t.url == on_seed)
+        await two.follow(away, ELSEWHERE + "/y", PageLinks((ELSEWHERE + "/z",), 1, HTML))
+        assert (await two.state.page(spec.crawl_id, away.task_id))["not_followed"] == "redirected_out_of_scope"
+    finally:
+        await other.close()
+    assert await one.state.redirected_seeds(spec.crawl_id) == (landed,)
+    assert summarise(spec.crawl_id, await one.state.pages(spec.crawl_id)).seeds_redirected == {seed: landed}
+    assert {t.url for t in await seen_tasks(applied)} == {seed, on_landed, on_seed, deeper}
 
 
 async def test_depth_is_the_first_finders_a_shorter_path_found_later_changes_nothing(applied, settings, site):

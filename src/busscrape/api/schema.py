@@ -125,6 +125,8 @@ class CrawlProgress(BaseModel):
     dead: int
     budget_used: int
     skipped: list[dict[str, str]]
+    seeds_redirected: dict[str, str] = {}
+    """Seed → where it redirected (the crawl's scope took that in)."""
 
 
 class TasksAccepted(BaseModel):

@@ -187,5 +187,7 @@ def crawl_table(summary: CrawlSummary) -> Table:
     table.caption = (f"{summary.archived:,} pages archived, {summary.dead:,} dead, "
                      f"{summary.budget_used:,} queued of the budget; links not followed on "
                      + (", ".join(f"{n} page(s): {why}" for why, n in summary.not_followed.items()) or "no page"))
+    for seed, landed in summary.seeds_redirected.items():
+        table.caption += f"; seed {seed} redirected to {landed} (in the scope now)"
     return table
 

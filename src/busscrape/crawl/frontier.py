@@ -75,10 +75,19 @@ class Frontier:
         self._blocked: dict[str, bool] = {}
         """origin → whether the network policy refuses it (the worker's egress checks every request anyway)."""
 
-    def rules(self, spec: CrawlSpec) -> ScopeRules:
+    async def rules(self, spec: CrawlSpec, known: int = 0) -> ScopeRules:
+        """The crawl's scope with where its seeds redirected (cached, and read again when a task
+        was made knowing more of those than this process: ``CrawlRef.seeds_redirected``)."""
         rules = self._rules.get(spec.crawl_id)
-        if rules is None:
-            rules = self._rules[spec.crawl_id] = ScopeRules(spec)
+        if rules is None or len(rules.redirected) < known:
+            rules = self._rules[spec.crawl_id] = ScopeRules(spec, await self.state.redirected_seeds(spec.crawl_id))
+        return rules
+
+    async def _widen(self, spec: CrawlSpec, landed: str) -> ScopeRules:
+        """A seed redirected out of the scope: where it landed is a seed of the scope from now on."""
+        redirected = await self.state.add_redirected_seed(spec.crawl_id, landed)
+        rules = self._rules[spec.crawl_id] = ScopeRules(spec, redirected)
+        log.info("crawl.seed_redirected", crawl_id=spec.crawl_id, to=landed)
         return rules
 
     def task_id(self, spec: CrawlSpec, url: str) -> str:
@@ -127,16 +136,22 @@ class Frontier:
         spec = await self.state.spec(crawl.crawl_id)
         record: dict[str, Any] = {"url": task.url, "depth": crawl.depth, "parent": crawl.parent,
                                   "final_url": final_url}
-        rules = self.rules(spec)
+        rules = await self.rules(spec, crawl.seeds_redirected)
+        left = bool(final_url and final_url != task.url and rules.in_scope(task.url) and not rules.in_scope(final_url))
+        if left and links.followable and crawl.depth == 0 and task.original_url in spec.seeds:
+            assert final_url is not None
+            rules, left = await self._widen(spec, final_url), False
+            record["seed_redirected_to"] = final_url
         if not links.followable:
             record.update(counts={}, queued=[], not_followed="not_html")
-        elif final_url and final_url != task.url and rules.in_scope(task.url) and not rules.in_scope(final_url):
+        elif left:
             record.update(counts={}, queued=[], not_followed="redirected_out_of_scope")
         elif crawl.depth >= spec.depth or spec.scope == "page":
             record.update(counts={"discovered": links.total, "depth_cut": links.total}, queued=[],
                           not_followed="depth")
         else:
-            record.update(await self._enqueue(spec, task.task_id, crawl.depth + 1, list(links.links), scoped=True))
+            record.update(await self._enqueue(spec, task.task_id, crawl.depth + 1, list(links.links), scoped=True,
+                                              rules=rules))
             if links.total > len(links.links):
                 record["links_cut"] = links.total - len(links.links)
         record["follow_ms"] = round((time.perf_counter() - started) * 1000, 2)  # bench/crawl.py reads it
@@ -200,8 +215,9 @@ class Frontier:
     # -- the one path into SEEN -------------------------------------------------------------
 
     async def _enqueue(self, spec: CrawlSpec, parent: str | None, depth: int, urls: list[str], *, scoped: bool,
-                       seeds: set[str] | None = None) -> dict[str, Any]:
-        rules = self.rules(spec)
+                       seeds: set[str] | None = None, rules: ScopeRules | None = None) -> dict[str, Any]:
+        rules = rules or await self.rules(spec)
+        place = CrawlRef(crawl_id=spec.crawl_id, depth=depth, parent=parent, seeds_redirected=len(rules.redirected))
         counts: Counter[str] = Counter({k: 0 for k in OUTCOMES})
         skipped: list[dict[str, str]] = []
 
@@ -233,18 +249,18 @@ class Frontier:
                 skip(url, why)
                 del candidates[task_id]
         if spec.max_pages is None and parent is not None:
-            queued = await self._create_unbudgeted(spec, candidates, depth, parent)
+            queued = await self._create_unbudgeted(spec, candidates, place)
             counts["duplicate"] += len(candidates) - len(queued)
         else:
-            queued = await self._create_budgeted(spec, candidates, depth, parent, counts, skip)
+            queued = await self._create_budgeted(spec, candidates, place, counts, skip)
         counts["queued"] = len(queued)
         return {"link_depth": depth, "counts": dict(counts), "queued": queued, "skipped": skipped}
 
-    async def _create_budgeted(self, spec: CrawlSpec, candidates: dict[str, tuple[str, str]], depth: int,
-                               parent: str | None, counts: Counter[str],
-                               skip: Callable[[str, str], None]) -> list[str]:
+    async def _create_budgeted(self, spec: CrawlSpec, candidates: dict[str, tuple[str, str]], place: CrawlRef,
+                               counts: Counter[str], skip: Callable[[str, str], None]) -> list[str]:
         """Reserve budget slots for the candidates not in SEEN yet, create those granted, give back
         the slots of creates that lost; the ids this page queued (an earlier go's too)."""
+        parent = place.parent
         queued: list[str] = []
         fresh: list[str] = []
         for task_id, held in zip(list(candidates), await asyncio.gather(*(self._held_by(t) for t in candidates)),
@@ -259,7 +275,7 @@ class Frontier:
         granted, holds = await self.state.reserve(spec.crawl_id, holder, len(fresh), spec.max_pages, mine=len(queued))
         for task_id in fresh[granted:]:
             skip(candidates[task_id][0], "budget_cut")
-        made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], depth, parent)
+        made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], place)
                                       for task_id in fresh[:granted]))
         for task_id, created in zip(fresh[:granted], made, strict=True):
             if created:
@@ -270,12 +286,12 @@ class Frontier:
             await self.state.settle(spec.crawl_id, holder, granted - sum(made))
         return queued
 
-    async def _create_unbudgeted(self, spec: CrawlSpec, candidates: dict[str, tuple[str, str]], depth: int,
-                                 parent: str) -> list[str]:
+    async def _create_unbudgeted(self, spec: CrawlSpec, candidates: dict[str, tuple[str, str]],
+                                 place: CrawlRef) -> list[str]:
         """Create every candidate (no budget to reserve first); the ids this page queued: those it
         created now, and those an earlier (or a concurrent) go of it created, recognised by their
         parent in SEEN."""
-        made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], depth, parent)
+        made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], place)
                                       for task_id in candidates))
         queued: list[str] = []
         lost: list[str] = []
@@ -283,7 +299,7 @@ class Frontier:
             (queued if created else lost).append(task_id)
         if lost:
             held = await asyncio.gather(*(self._held_by(t) for t in lost))
-            queued += [task_id for task_id, by in zip(lost, held, strict=True) if by == parent]
+            queued += [task_id for task_id, by in zip(lost, held, strict=True) if by == place.parent]
         return queued
 
     async def _admissible(self, spec: CrawlSpec, url: str) -> str | None:
@@ -322,11 +338,10 @@ class Frontier:
             return ""
         return (task.crawl.parent if task.crawl else None) or ""
 
-    async def _create(self, spec: CrawlSpec, task_id: str, url: str, original: str, depth: int,
-                      parent: str | None) -> bool:
-        """Create the task in SEEN (so in TASKS); False when someone created it first."""
+    async def _create(self, spec: CrawlSpec, task_id: str, url: str, original: str, place: CrawlRef) -> bool:
+        """Create the task in SEEN (so in TASKS) at ``place`` in the crawl; False when someone created it first."""
         task = ScrapeTask(task_id=task_id, url=url, original_url=original, steps=spec.steps, options=spec.options,
-                          labels=spec.labels, crawl=CrawlRef(crawl_id=spec.crawl_id, depth=depth, parent=parent))
+                          labels=spec.labels, crawl=place)
         headers = {names.EXPECTED_LAST_SUBJECT_SEQUENCE: "0", names.MSG_TTL: self._ttl}
         async with self._slots:
             try:

@@ -39,6 +39,8 @@ class CrawlSummary:
     budget_used: int = 0
     skipped: list[dict[str, str]] = field(default_factory=list)
     """A sample of the skipped links with their reason."""
+    seeds_redirected: dict[str, str] = field(default_factory=dict)
+    """Seed → where it redirected, which the scope took in (``crawl.scope``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,7 +51,10 @@ def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
     depths: dict[int, Counter[str]] = {}
     not_followed: Counter[str] = Counter()
     skipped: list[dict[str, str]] = []
+    redirected: dict[str, str] = {}
     for record in pages.values():
+        if record.get("seed_redirected_to"):
+            redirected[record["url"]] = record["seed_redirected_to"]
         counts = record.get("counts") or {}
         total.update(counts)
         depth = record.get("link_depth", record.get("depth", 0) + 1)
@@ -60,7 +65,7 @@ def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
     return CrawlSummary(crawl_id=crawl_id, links=dict(total),
                         by_depth={d: {k: v for k, v in c.items() if v} for d, c in sorted(depths.items())},
                         pages_followed=sum(1 for k in pages if k != SEEDS), not_followed=dict(not_followed),
-                        skipped=skipped[:50])
+                        skipped=skipped[:50], seeds_redirected=redirected)
 
 
 async def budget_used(state: CrawlState, summary: CrawlSummary) -> int:

@@ -9,6 +9,10 @@
 - ``domain``: same registrable domain (``a.example.co.uk`` and ``b.example.co.uk``, never
   ``x.co.uk`` and ``y.co.uk``), by tldextract with the suffix list it bundles: no network fetch, ever;
 - ``any``: every http(s) link (the depth and the budget bound it).
+
+A seed that redirects (``http://example.com`` → ``https://www.example.com/``) makes where it
+landed a seed of the scope too, as Browsertrix does: without it a host or prefix crawl of a
+site that moved would end at its first page.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ def registrable_domain(host: str) -> str:
 class ScopeRules:
     """The scope and the include/exclude patterns of one crawl."""
 
-    def __init__(self, spec: CrawlSpec) -> None:
+    def __init__(self, spec: CrawlSpec, redirected: tuple[str, ...] = ()) -> None:
         self.scope = spec.scope
         self.include = [re.compile(p) for p in spec.include]
         self.exclude = [re.compile(p) for p in spec.exclude]
-        seeds = [urlsplit(s) for s in spec.seeds]
+        self.redirected = redirected
+        """Where seeds redirected to: seeds of the scope as much as the crawl's own."""
+        seeds = [urlsplit(s) for s in (*spec.seeds, *redirected)]
         self._hosts = {(s.hostname or "").lower() for s in seeds}
         self._domains = {registrable_domain(h) for h in self._hosts}
         self._prefixes = [(s.scheme, s.netloc.lower(), s.path[: s.path.rfind("/") + 1] or "/") for s in seeds]

@@ -67,6 +67,35 @@ class CrawlState:
             spec = self._specs[crawl_id] = decode(CrawlSpec, entry)
         return spec
 
+    # -- where seeds redirected ----------------------------------------------------------------
+
+    async def redirected_seeds(self, crawl_id: str) -> tuple[str, ...]:
+        """Where the crawl's seeds redirected to: seeds of its scope too (``Frontier.follow``)."""
+        value = await self._get(f"{crawl_id}.seeds")
+        return tuple(orjson.loads(value)) if value else ()
+
+    async def add_redirected_seed(self, crawl_id: str, url: str) -> tuple[str, ...]:
+        """Add ``url`` to them (compare-and-set: two seeds redirecting at once both stay); all of them."""
+        kv, key = await self.kv(), f"{crawl_id}.seeds"
+        while True:
+            try:
+                entry = await kv.get(key)
+                seeds, revision = list(orjson.loads(entry.value or b"[]")), entry.revision
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                seeds, revision = [], None
+            if url in seeds:
+                return tuple(seeds)
+            seeds.append(url)
+            try:
+                if revision is None:
+                    await kv.create(key, orjson.dumps(seeds))
+                else:
+                    await kv.update(key, orjson.dumps(seeds), last=revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                await asyncio.sleep(0)  # another seed's redirect came first: read again
+                continue
+            return tuple(seeds)
+
     # -- the budget -------------------------------------------------------------------------
 
     async def reserve(self, crawl_id: str, holder: str, wanted: int, limit: int | None,

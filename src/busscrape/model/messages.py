@@ -144,6 +144,9 @@ class CrawlRef(_Model):
     """Seeds are depth 0; a link found on a page of depth d is depth d + 1."""
     parent: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
     """The task id of the page the link was found on (None for a seed)."""
+    seeds_redirected: int = Field(0, ge=0)
+    """How many seeds had redirected (widening the crawl's scope) when this task was made: a
+    worker whose copy of the scope knows fewer reads it again (``crawl.frontier``)."""
 
 
 class ScrapeTask(Message):
