@@ -78,23 +78,14 @@ class CrawlState:
         """Add ``url`` to them (compare-and-set: two seeds redirecting at once both stay); all of them."""
         kv, key = await self.kv(), f"{crawl_id}.seeds"
         while True:
-            try:
-                entry = await kv.get(key)
-                seeds, revision = list(orjson.loads(entry.value or b"[]")), entry.revision
-            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                seeds, revision = [], None
+            value, revision = await _entry(kv, key)
+            seeds = list(orjson.loads(value or b"[]"))
             if url in seeds:
                 return tuple(seeds)
             seeds.append(url)
-            try:
-                if revision is None:
-                    await kv.create(key, orjson.dumps(seeds))
-                else:
-                    await kv.update(key, orjson.dumps(seeds), last=revision)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                await asyncio.sleep(0)  # another seed's redirect came first: read again
-                continue
-            return tuple(seeds)
+            if await _write_at(kv, key, orjson.dumps(seeds), revision):
+                return tuple(seeds)
+            await asyncio.sleep(0)  # another seed's redirect came first: read again
 
     # -- the budget -------------------------------------------------------------------------
 
@@ -145,27 +136,18 @@ class CrawlState:
 
     @staticmethod
     async def _budget(kv: KeyValue, key: str) -> tuple[int, dict[str, list[int]], int | None]:
-        try:
-            entry = await kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        raw, revision = await _entry(kv, key)
+        if revision is None:
             return 0, {}, None
-        value = orjson.loads(entry.value or b"0")
+        value = orjson.loads(raw or b"0")
         if isinstance(value, int):  # a budget written before holds: the bare count
-            return value, {}, entry.revision
-        return int(value["used"]), dict(value.get("holds") or {}), entry.revision
+            return value, {}, revision
+        return int(value["used"]), dict(value.get("holds") or {}), revision
 
     @staticmethod
     async def _write_budget(kv: KeyValue, key: str, used: int, holds: dict[str, list[int]],
                             revision: int | None) -> bool:
-        value = orjson.dumps({"used": used, "holds": holds})
-        try:
-            if revision is None:
-                await kv.create(key, value)
-            else:
-                await kv.update(key, value, last=revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return False
-        return True
+        return await _write_at(kv, key, orjson.dumps({"used": used, "holds": holds}), revision)
 
     # -- pages ------------------------------------------------------------------------------
 
@@ -212,9 +194,30 @@ class CrawlState:
         await (await self.kv()).put(f"{crawl_id}.robots.{origin_key}", orjson.dumps(record))
 
     async def _get(self, key: str) -> bytes | None:
-        kv = await self.kv()
-        try:
-            entry = await kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
-        return entry.value or None
+        value, _ = await _entry(await self.kv(), key)
+        return value or None
+
+
+# -- compare-and-set on one key -------------------------------------------------------------
+
+
+async def _entry(kv: KeyValue, key: str) -> tuple[bytes | None, int | None]:
+    """The key's value and revision; (None, None) when it is absent or deleted."""
+    try:
+        entry = await kv.get(key)
+    except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        return None, None
+    return entry.value, entry.revision
+
+
+async def _write_at(kv: KeyValue, key: str, value: bytes, revision: int | None) -> bool:
+    """Write ``value`` if the key is still at ``revision`` (None: still absent); False when
+    another process wrote it first (read again and retry)."""
+    try:
+        if revision is None:
+            await kv.create(key, value)
+        else:
+            await kv.update(key, value, last=revision)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        return False
+    return True
