@@ -1,5 +1,5 @@
 # The two commands of the README. Both bootstrap first (idempotent, fast when done).
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench docs
 
 demo:
 	@scripts/bootstrap.sh
@@ -8,7 +8,14 @@ demo:
 test:
 	@scripts/bootstrap.sh test
 	@.venv/bin/ruff check src tests bench
+	@$(MAKE) --no-print-directory docs
 	@BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra  # CI must not skip the PostgreSQL tests
 
 lint:
 	@.venv/bin/ruff check src tests bench
+
+# The documentation site, built strictly (a broken link, a missing page or a stale generated
+# reference fails it) into a temporary folder; `.venv/bin/mkdocs serve` to read it instead.
+docs:
+	@site="$$(mktemp -d)"; NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$$site"; \
+	  status=$$?; rm -rf "$$site"; exit $$status
