@@ -37,8 +37,8 @@ async def test_jsonl_on_stdin_is_read_as_task_specs_without_format(applied, nats
     assert json.loads(urls.stdout)["published"] == 1  # a URL list is still a URL list
 
 
-async def test_dlq_show_of_no_letter_is_exit_1_as_the_readme_says(applied, nats_url):
+async def test_dlq_show_of_no_letter_is_exit_1_as_the_docs_say(applied, nats_url):
     result = busscrape("dlq", "show", "99", env=clean_env(BUSSCRAPE_NATS__URL=nats_url))
     assert result.returncode == 1 and "no dead letter at seq 99" in result.stderr
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert "1 `show SEQ` of no letter" in readme and "`purge` answered N (nothing deleted)" in readme
+    docs = (Path(__file__).parents[2] / "docs" / "status.md").read_text()
+    assert "1 `show SEQ` of no letter" in docs and "`purge` answered N (nothing deleted)" in docs

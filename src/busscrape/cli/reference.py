@@ -15,14 +15,14 @@ import typer.main
 
 
 def cli_reference_markdown() -> str:
-    """The whole command line, one section per command (and per subcommand of a group)."""
+    """The whole command line: ``busscrape`` itself, then one section per command (and per
+    subcommand of a group), each with its help, usage and options."""
     from busscrape.cli import app
 
     root = typer.main.get_command(app)
     ctx = root.context_class(root, info_name="busscrape")
-    parts = [_text(root.help), "", _text(root.epilog), ""]
-    parts += _subcommands(root, ctx, level=2)
-    return "\n".join(parts).rstrip("\n") + "\n"
+    lines = _section(root, ctx, level=2, epilog=root.epilog) + _subcommands(root, ctx, level=2)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 # Typer builds its commands on a click of its own (``typer._click`` in Typer 0.2x), so they are
@@ -31,21 +31,25 @@ def _subcommands(group: Any, ctx: Any, level: int) -> list[str]:
     lines: list[str] = []
     for name, command in (getattr(group, "commands", None) or {}).items():
         if not command.hidden:
-            lines += _command(command, command.context_class(command, info_name=name, parent=ctx), level)
+            sub = command.context_class(command, info_name=name, parent=ctx)
+            lines += _section(command, sub, level) + _subcommands(command, sub, level + 1)
     return lines
 
 
-def _command(command: Any, ctx: Any, level: int) -> list[str]:
+def _section(command: Any, ctx: Any, level: int, epilog: str | None = None) -> list[str]:
     path = ctx.command_path
     usage = " ".join([path, *command.collect_usage_pieces(ctx)])
-    lines = [f"{'#' * level} `{path}`", "", _text(command.help), "", "```", usage, "```", ""]
+    lines = [f"{'#' * level} `{path}`", "", _text(command.help), ""]
+    if epilog:
+        lines += [_text(epilog), ""]
+    lines += ["```", usage, "```", ""]
     rows = [record for param in command.params
             if not getattr(param, "hidden", False) and (record := param.get_help_record(ctx)) is not None]
     if rows:
         lines += ["| argument or option | meaning |", "|---|---|"]
         lines += [f"| `{_line(names)}` | {_html(_line(text), cell=True)} |" for names, text in rows]
         lines.append("")
-    return lines + _subcommands(command, ctx, level + 1)
+    return lines
 
 
 def _text(text: str | None) -> str:
