@@ -17,5 +17,5 @@ lint:
 # The documentation site, built strictly (a broken link, a missing page or a stale generated
 # reference fails it) into a temporary folder; `.venv/bin/mkdocs serve` to read it instead.
 docs:
-	@site="$$(mktemp -d)"; NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$$site"; \
+	@site="$$(mktemp -d)"; NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$$site"; \
 	  status=$$?; rm -rf "$$site"; exit $$status
