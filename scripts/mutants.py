@@ -55,6 +55,7 @@ T_DAEMON = "tests/worker/test_daemon.py"
 T_POLITE = "tests/worker/test_politeness.py"
 T_FRONT = "tests/crawl/test_frontier.py"
 T_WARC = "tests/worker/test_warc.py"
+T_SESS = "tests/worker/test_sessions.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the ten guarantees -------------------------------------------------------------------------
@@ -135,6 +136,41 @@ MUTANTS: tuple[Mutant, ...] = (
     m("robots_not_cached", "robots.txt cached a day", "crawl/robots.py",
       "ROBOTS_TTL = 24 * 3600.0", "ROBOTS_TTL = 0.0",
       f"{T_FRONT}::test_robots_is_cached_for_a_day_then_fetched_again"),
+    m("fetch_one_read", "robots.txt and sitemaps read to their bound", "net/checked.py",
+      "body = await read_up_to(response.content, max_bytes)", "body = await response.content.read(max_bytes)",
+      f"{T_FRONT}::test_a_long_robots_txt_arriving_in_many_reads_is_read_to_its_end",
+      "tests/crawl/test_sitemaps.py"),
+    m("robots_delay_star_agent", "robots.txt read for the crawl's own agent", "crawl/robots.py",
+      ".crawl_delay(agent)", '.crawl_delay("*")',
+      f"{T_FRONT}::test_robots_is_read_for_the_crawls_own_agent"),
+    # -- untested README promises --------------------------------------------------------------------
+    Mutant("sessions_share_one_key", "sessions isolated from each other", (
+        Edit("worker/sessions.py", "entry = await (await self._bucket()).get(name)",
+             'entry = await (await self._bucket()).get("shared")'),
+        Edit("worker/sessions.py", "await (await self._bucket()).put(stored.name, stored.encode())",
+             'await (await self._bucket()).put("shared", stored.encode())')),
+        (f"{T_SESS}::test_sessions_are_isolated_from_each_other_and_from_session_less_tasks",)),
+    m("session_in_a_reused_tab", "sessions isolated from session-less tasks", "worker/browser/pool.py",
+      "tab = None if session is not None else await self._idle_tab(", "tab = await self._idle_tab(",
+      f"{T_SESS}::test_sessions_are_isolated_from_each_other_and_from_session_less_tasks"),
+    m("unknown_session_reason", "unknown_session at the worker", "worker/sessions.py",
+      'reason="unknown_session")', 'reason="invalid_task")',
+      f"{T_SESS}::test_a_task_naming_a_session_no_rule_covers_is_dead_lettered_at_once"),
+    m("unknown_extractor_unchecked", "unknown_extractor at the worker", "worker/daemon.py",
+      "if task.options.extractor is not None and task.options.extractor not in self.extractors:", "if False:",
+      "tests/worker/test_extraction.py"),
+    m("record_unbounded", "record_too_large at the worker", "extract/records.py",
+      "if size > max_bytes:", "if size > max_bytes * 1000:",
+      "tests/worker/test_extraction.py"),
+    m("no_cooling_on_503", "cooling on 503", "worker/daemon.py",
+      'if exc.reason not in ("http_429", "http_503"):', 'if exc.reason not in ("http_429",):',
+      f"{T_POLITE}::test_a_503_without_retry_after_cools_its_host_for_cool_default"),
+    m("cool_default_ignored", "cool_default", "worker/daemon.py",
+      "else self.settings.worker.cool_default", "else 0.0",
+      f"{T_POLITE}::test_a_503_without_retry_after_cools_its_host_for_cool_default"),
+    m("fleet_politeness_ignored", "fleet_politeness=false", "worker/daemon.py",
+      "if not self.settings.worker.fleet_politeness:", "if False:",
+      f"{T_POLITE}::test_without_fleet_politeness_a_worker_keeps_no_host_limit"),
     Mutant("fts_query_interpolated", "search: the query is a parameter, never SQL", (
         Edit("search/sqlite.py", "WHERE pages_fts MATCH ?", "WHERE pages_fts MATCH '{{text}}' AND ? IS NOT NULL"),
         Edit("search/sqlite.py", "SEARCH.format(where=where)", "SEARCH.format(where=where, text=query.text)")),
