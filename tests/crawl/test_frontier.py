@@ -443,3 +443,23 @@ async def test_a_long_robots_txt_arriving_in_many_reads_is_read_to_its_end(appli
     await frontier.follow(page, page.url, PageLinks((site.url("/late/x"), site.url("/b")), 2, HTML))
     record = await frontier.state.page(spec.crawl_id, page.task_id)
     assert [s["reason"] for s in record["skipped"]] == ["robots_disallowed"], record
+
+
+async def test_a_non_html_pages_links_are_not_followed_and_a_cut_list_says_how_many(applied, settings, site):
+    """A PDF's or a text file's "links" are not followed (``not_followed: not_html``); a page with
+    more links than were kept says in its record how many were cut (``links_cut``)."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore")
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    await frontier.seed(spec)
+    text = page_task(spec, site.url("/notes.txt"))
+    await frontier.follow(text, text.url, PageLinks((site.url("/from-text"),), 1, "text/plain; charset=utf-8"))
+    many = page_task(spec, site.url("/many"))
+    await frontier.follow(many, many.url, PageLinks(tuple(site.url(f"/kept/{i}") for i in range(3)), 10, HTML))
+    text_record = await frontier.state.page(spec.crawl_id, text.task_id)
+    many_record = await frontier.state.page(spec.crawl_id, many.task_id)
+    assert text_record["not_followed"] == "not_html" and text_record["queued"] == []
+    assert many_record["links_cut"] == 7 and len(many_record["queued"]) == 3 and "not_followed" not in many_record
+    assert site.url("/from-text") not in {t.url for t in await seen_tasks(applied)}
+    summary = summarise(spec.crawl_id, await frontier.state.pages(spec.crawl_id))
+    assert summary.not_followed == {"not_html": 1}
