@@ -180,6 +180,9 @@ MUTANTS: tuple[Mutant, ...] = (
     m("detach_starts_nothing", "crawl --detach", "cli/crawl.py",
       "record = await start_crawl(bus, s, spec)", "record = {}",
       "tests/cli/test_crawl.py"),
+    m("session_proxy_not_preferred", "sticky_session across workers", "worker/render.py",
+      "session=task.options.session, prefer=prefer)", "session=task.options.session, prefer=None)",
+      "tests/worker/test_proxies.py::test_a_session_keeps_its_proxy_on_another_worker"),
     Mutant("fts_query_interpolated", "search: the query is a parameter, never SQL", (
         Edit("search/sqlite.py", "WHERE pages_fts MATCH ?", "WHERE pages_fts MATCH '{{text}}' AND ? IS NOT NULL"),
         Edit("search/sqlite.py", "SEARCH.format(where=where)", "SEARCH.format(where=where, text=query.text)")),
