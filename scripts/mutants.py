@@ -10,6 +10,7 @@ loudly (the code moved: update the pattern), it is never counted as killed.
     scripts/mutants.py --only NAME     one (repeat --only for several)
     scripts/mutants.py --list          names, guarantees and tests, without running anything
     scripts/mutants.py --check         only check that every pattern still applies (fast)
+    scripts/mutants.py --baseline      run each mutant's tests unbroken first (twice as long)
 
 Exit code: 0 when every mutant run was killed, 1 when one survived, 2 when a pattern is stale.
 The table (mutant, test, killed/survived, seconds) is docs/testing/mutations.md's source.
@@ -103,6 +104,10 @@ MUTANTS: tuple[Mutant, ...] = (
       'raise PermanentStatus(f"HTTP {status} from {page.url}", reason=f"http_{status}")',
       'raise PermanentStatus(f"HTTP {status} from {page.url}", reason="http_error")',
       f"{T_DAEMON}::test_404_dead_letters_at_once_and_500_retries_then_dead_letters_with_history"),
+    m("s3_outage_is_permanent", "dead-letter reasons (an outage is never a dead letter)", "archive/storage/s3.py",
+      'except _FAILURES as exc:\n            raise StorageUnavailable(f"cannot read {key}',
+      'except _FAILURES as exc:\n            raise StorageRefused(f"cannot read {key}',
+      "tests/ingest/test_daemon.py::test_an_s3_outage_delays_results_and_loses_none"),
     m("extraction_failed_retryable", "dead-letter reasons (extraction dead at once)", "errors.py",
       "class ExtractionFailed(PermanentError):", "class ExtractionFailed(RetryableError):",
       "tests/e2e/test_extraction.py"),
@@ -222,14 +227,25 @@ def restore(originals: dict[Path, str]) -> None:
         path.write_text(text)
 
 
-def run_one(mutant: Mutant, extra: list[str]) -> tuple[str, float, str]:
+def pytest(mutant: Mutant, extra: list[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
            *extra, *mutant.tests]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=mutant.timeout)
+
+
+def run_one(mutant: Mutant, extra: list[str], baseline: bool = False) -> tuple[str, float, str]:
     started = time.monotonic()
+    if baseline:
+        try:
+            clean = pytest(mutant, extra)
+        except subprocess.TimeoutExpired:
+            return "baseline times out", time.monotonic() - started, f"over {mutant.timeout:.0f}s"
+        if clean.returncode != 0:
+            return "baseline fails", time.monotonic() - started, (clean.stdout + clean.stderr).strip()[-100:]
     originals = apply(mutant)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=mutant.timeout)
+        proc = pytest(mutant, extra)
         outcome = {0: "survived", 1: "killed"}.get(proc.returncode, f"error (pytest exit {proc.returncode})")
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
     except subprocess.TimeoutExpired:
@@ -260,6 +276,8 @@ def main() -> int:
     parser.add_argument("--only", action="append", default=[], metavar="NAME", help="run this mutant only")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--check", action="store_true", help="only check that every pattern is found once")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first run each mutant's tests unbroken: a test that fails anyway proves nothing")
     parser.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
     args = parser.parse_args()
     known = {mt.name: mt for mt in MUTANTS}
@@ -278,7 +296,7 @@ def main() -> int:
     try:
         for mt in chosen:
             try:
-                outcome, seconds, tail = run_one(mt, args.pytest_args)
+                outcome, seconds, tail = run_one(mt, args.pytest_args, args.baseline)
             except StalePattern as exc:
                 print(f"STALE: {exc}", file=sys.stderr, flush=True)
                 outcome, seconds, tail, stale = "stale pattern", 0.0, str(exc), True
