@@ -5,7 +5,6 @@ import signal
 
 import orjson
 import pytest
-from nats.js import api
 
 from busscrape.artifacts import store as artifact_store
 from busscrape.artifacts.leftovers import StrayChunks
@@ -14,7 +13,7 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.names import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 from busscrape.errors import ArtifactUnusable, StorageUnavailable
-from tests.support.bus import wait_until
+from tests.support.bus import lagging_replica
 from tests.support.relay import Relay
 
 
@@ -148,23 +147,6 @@ async def test_the_stray_sweep_outlives_a_server_that_stops_answering(applied, n
     await runner
 
 
-async def lagging_replica(js, *, keeps: str) -> None:
-    """A copy of ARTIFACTS that answers its direct gets but holds only ``keeps`` (metas or chunks):
-    what a replica that has not caught up looks like to a reader (a mirror with mirror_direct,
-    the stream's own replicas no longer answering direct gets)."""
-    await js.add_stream(api.StreamConfig(
-        name="ARTIFACTS_LAGGING", mirror=api.StreamSource(name=ARTIFACTS_STREAM, filter_subject=keeps),
-        mirror_direct=True, allow_direct=True, storage=api.StorageType.MEMORY))
-    own = (await js.stream_info(ARTIFACTS_STREAM)).config
-    await js.update_stream(own.evolve(allow_direct=False))
-    wanted = sum(((await js.stream_info(ARTIFACTS_STREAM, subjects_filter=keeps)).state.subjects or {}).values())
-
-    async def synced() -> bool:
-        return (await js.stream_info("ARTIFACTS_LAGGING")).state.messages >= wanted
-
-    await wait_until(synced, timeout=10)
-
-
 async def test_a_replica_behind_the_leader_cannot_make_an_artifact_missing(applied):
     """Only the stream's leader may say a chunk is not there: any replica answers direct gets."""
     store = ArtifactStore(applied.js)
@@ -173,7 +155,7 @@ async def test_a_replica_behind_the_leader_cannot_make_an_artifact_missing(appli
     gone = await store.put(object_name("g" * 32, 1, 1, "page.html"), b"gone", "text/html", kind="html",
                            file="page.html")
     await store.release(gone)
-    await lagging_replica(applied.js, keeps=_meta_subject(">"))
+    await lagging_replica(applied.js, ARTIFACTS_STREAM, keeps=_meta_subject(">"))
     assert await store.read(ref) == data
     assert store.leader_reads > 0  # the direct gets came back empty; the leader had the chunks
     with pytest.raises(ArtifactUnusable) as caught:  # really gone: the leader says so too
@@ -187,7 +169,7 @@ async def test_a_replica_behind_the_leader_cannot_make_live_chunks_look_like_str
     refs = [await store.put(object_name("l" * 32, 1, 1, f"f{i}"), b"live %d" % i, "text/plain", kind="text",
                             file=f"f{i}") for i in range(3)]
     await applied.js.publish(_chunk_subject("STRAY1"), b"nobody's", stream=ARTIFACTS_STREAM)
-    await lagging_replica(applied.js, keeps=_chunk_subject(">"))  # a replica that has no metas yet
+    await lagging_replica(applied.js, ARTIFACTS_STREAM, keeps=_chunk_subject(">"))  # a replica that has no metas yet
     sweep = StrayChunks(store)
     assert await sweep.sweep() == 0 and await sweep.sweep() == 1  # the stray, on its second sighting
     assert all([await store.exists(ref) for ref in refs])

@@ -358,3 +358,108 @@ async def test_crawl_metrics_are_labelled_by_crawl(applied, settings, site):
         assert metric(text, "busscrape_crawl_links_total", crawl_id=spec.crawl_id, outcome="queued") == queued
     assert metric(text, "busscrape_crawl_links_total", crawl_id=one.crawl_id, outcome="depth_cut") == 2.0
     assert metric(text, "busscrape_crawl_links_total", crawl_id=two.crawl_id, outcome="duplicate") == 1.0
+
+
+AGENT_ROBOTS = """User-agent: busscrape-test
+Disallow: /mine/
+Crawl-delay: 1.5
+
+User-agent: *
+Disallow: /star/
+Crawl-delay: 9
+"""
+
+
+async def test_robots_is_read_for_the_crawls_own_agent(applied, settings, site):
+    """The group naming the crawl's agent applies, not the ``*`` group (Google: the most specific
+    group that matches the agent, and only that one)."""
+    crawl_site.install(site)
+    site.page("/robots.txt", AGENT_ROBOTS, headers={"Content-Type": "text/plain"})
+    spec = CrawlSpec(seeds=(site.url("/"),), robots_agent="busscrape-test")
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    await frontier.seed(spec)
+    page = page_task(spec, site.url("/p"))
+    links = PageLinks((site.url("/mine/x"), site.url("/star/y"), site.url("/b")), 3, HTML)
+    await frontier.follow(page, page.url, links)
+    record = await frontier.state.page(spec.crawl_id, page.task_id)
+    assert [s["url"] for s in record["skipped"]] == [site.url("/mine/x")], record
+    assert sorted(t.url for t in await seen_tasks(applied)) == sorted([site.url("/"), site.url("/star/y"),
+                                                                       site.url("/b")])
+    assert await frontier.crawl_delay(page_task(spec, site.url("/b"))) == 1.5
+
+
+async def test_robots_is_cached_for_a_day_then_fetched_again(applied, settings, site):
+    """Fetched once, then read from CRAWLS by every worker for a day (Google caches up to 24 h);
+    a copy older than that is fetched again."""
+    import time
+
+    from busscrape.crawl.robots import Robots, _key, origin_of
+
+    crawl_site.install(site)
+    state = CrawlState(applied.js)
+    url, crawl_id = site.url("/b"), "c" * 32
+
+    async def fresh_worker_asks() -> int:
+        await Robots(state, policy_for(site)).rules(crawl_id, url)  # a worker without its own cache yet
+        return site.hits[(site.hosts[0], "/robots.txt")]
+
+    async def age(hours: float) -> None:
+        record = await state.robots(crawl_id, _key(origin_of(url)))
+        await state.save_robots(crawl_id, _key(origin_of(url)), {**record, "fetched_at": time.time() - hours * 3600})
+
+    assert await fresh_worker_asks() == 1
+    assert await fresh_worker_asks() == 1
+    await age(23)
+    assert await fresh_worker_asks() == 1  # under a day old: still the rules
+    await age(25)
+    assert await fresh_worker_asks() == 2  # over a day: fetched again
+    assert await fresh_worker_asks() == 2
+
+
+async def test_a_long_robots_txt_arriving_in_many_reads_is_read_to_its_end(applied, settings, site):
+    """Google reads 500 KiB of robots.txt: a rule 300 KB in, sent as a slow network sends it
+    (many reads), is obeyed."""
+    from aiohttp import web
+
+    crawl_site.install(site)
+    body = ("User-agent: *\n" + "".join(f"# filler line {i:06d} of a long robots.txt\n" for i in range(7500))
+            + "Disallow: /late/\n").encode()
+    assert len(body) > 300_000
+
+    @site.route("/robots.txt")
+    async def robots(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        for at in range(0, len(body), 16384):
+            await response.write(body[at:at + 16384])
+            await asyncio.sleep(0.005)
+        await response.write_eof()
+        return response
+
+    spec = CrawlSpec(seeds=(site.url("/"),))
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    await frontier.seed(spec)
+    page = page_task(spec, site.url("/p"))
+    await frontier.follow(page, page.url, PageLinks((site.url("/late/x"), site.url("/b")), 2, HTML))
+    record = await frontier.state.page(spec.crawl_id, page.task_id)
+    assert [s["reason"] for s in record["skipped"]] == ["robots_disallowed"], record
+
+
+async def test_a_non_html_pages_links_are_not_followed_and_a_cut_list_says_how_many(applied, settings, site):
+    """A PDF's or a text file's "links" are not followed (``not_followed: not_html``); a page with
+    more links than were kept says in its record how many were cut (``links_cut``)."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore")
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    await frontier.seed(spec)
+    text = page_task(spec, site.url("/notes.txt"))
+    await frontier.follow(text, text.url, PageLinks((site.url("/from-text"),), 1, "text/plain; charset=utf-8"))
+    many = page_task(spec, site.url("/many"))
+    await frontier.follow(many, many.url, PageLinks(tuple(site.url(f"/kept/{i}") for i in range(3)), 10, HTML))
+    text_record = await frontier.state.page(spec.crawl_id, text.task_id)
+    many_record = await frontier.state.page(spec.crawl_id, many.task_id)
+    assert text_record["not_followed"] == "not_html" and text_record["queued"] == []
+    assert many_record["links_cut"] == 7 and len(many_record["queued"]) == 3 and "not_followed" not in many_record
+    assert site.url("/from-text") not in {t.url for t in await seen_tasks(applied)}
+    summary = summarise(spec.crawl_id, await frontier.state.pages(spec.crawl_id))
+    assert summary.not_followed == {"not_html": 1}

@@ -4,11 +4,13 @@ ingester, the site graph of ``tests.support.crawl_site`` on two loopback hosts."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from collections import Counter
 
 import pytest
+from aiohttp import web
 
 from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
@@ -90,6 +92,56 @@ async def test_max_pages_archives_exactly_that_many_across_two_workers(tmp_path,
     assert proc.returncode == 0, output[-3000:]
     status = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
     assert (status["archived"], status["budget_used"], status["links"]["queued"]) == (4, 4, 4)
+
+
+HUBS, LEAVES = 6, 10
+
+
+def hub_site(site) -> None:
+    """An index of six hubs of ten leaves each: the hubs, rendered side by side on two workers,
+    race for what is left of the budget when their links are followed. The site answers no hub
+    before all six are asked for (or 20 s passed), so their follows come together."""
+    site.page("/", "<title>index</title>" + "".join(f"<a href='/hub/{i}'>hub</a>" for i in range(HUBS)))
+    asked: set[str] = set()
+    together: list[asyncio.Event] = []
+
+    async def hub(request: web.Request) -> web.StreamResponse:
+        if not together:
+            together.append(asyncio.Event())  # on the site's own loop
+        asked.add(request.path)
+        if len(asked) == HUBS:
+            together[0].set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(together[0].wait(), 20)
+        i = request.path.rsplit("/", 1)[1]
+        return web.Response(text=f"<title>hub {i}</title>" + "".join(
+            f"<a href='/hub/{i}/leaf/{j}'>leaf</a>" for j in range(LEAVES)), content_type="text/html")
+
+    for i in range(HUBS):
+        site.route(f"/hub/{i}")(hub)
+        for j in range(LEAVES):
+            site.page(f"/hub/{i}/leaf/{j}", f"<title>leaf {i}.{j}</title>")
+
+
+async def test_max_pages_holds_when_pages_on_two_workers_race_for_the_last_slots(tmp_path, site):
+    """--max-pages 10: the seed and its six hubs take seven; six hubs on two workers (three tabs
+    each) then reserve the last three slots at once. Exactly ten pages, whoever won."""
+    hub_site(site)
+    proc = cli(["crawl", site.url("/"), "--workers", "2", "--concurrency", "3", "--json", "--max-pages", "10",
+                "--depth", "5", "--robots", "ignore", "--artifacts", "html"], tmp_path,
+               run_env(tmp_path, site, BUSSCRAPE_WORKER__HOST_CONCURRENCY="6"))
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+    summary = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+    archived = metas(tmp_path / "state" / "archive").values()
+    paths = Counter(m["url"].split("/", 3)[3] for m in archived)
+    assert sum(paths.values()) == 10 and max(paths.values()) == 1, paths
+    assert {f"hub/{i}" for i in range(HUBS)} <= set(paths), paths
+    assert sum(1 for p in paths if "/leaf/" in p) == 3, paths
+    assert summary["crawl"]["budget_used"] == 10 and summary["crawl"]["links"]["budget_cut"] == HUBS * LEAVES - 3
+    hubs_by_worker = Counter(m["worker"] for m in archived if m["url"].split("/", 3)[3].startswith("hub/")
+                             and "/leaf/" not in m["url"])
+    assert len(hubs_by_worker) == 2, hubs_by_worker  # the hubs (the racers) were on both workers
 
 
 async def test_a_worker_killed_mid_crawl_loses_nothing_and_nothing_is_archived_twice(tmp_path, nats_url, site):

@@ -96,6 +96,9 @@ async def test_extraction_from_the_rendered_dom_to_search_and_export(bus, xsetti
         assert extraction.record == EXPECTED[path], path
     mystery = letters[tasks["/shop/mystery.html"].task_id]
     assert mystery.reason == "extraction_failed" and "price: nothing matched" in mystery.error
+    # Dead-lettered at once: the same page gives the same answer, so no second attempt is spent.
+    assert [a.retryable for a in mystery.attempts] == [False], mystery.attempts
+    assert shop.hits[(shop.hosts[0], "/shop/mystery.html")] == 1
     assert letters[bomb.task_id].reason == "extraction_timeout" and len(letters[bomb.task_id].attempts) == 2
     assert done[after.task_id].extraction.record == {"x": "aaaa"}  # served after the bomb, by the same worker
 

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 
 from busscrape.bus import names
 from busscrape.model.messages import DeadLetter, ScrapeResult, ScrapeTask, TaskOptions, decode, encode, task_key
@@ -55,3 +55,21 @@ async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 60, 
             return
         await asyncio.sleep(every)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+async def lagging_replica(js: JetStreamContext, stream: str, *, keeps: str) -> None:
+    """A copy of ``stream`` that answers its direct gets but holds only ``keeps`` (a subject
+    filter): what a replica that has not caught up looks like to a reader (a mirror with
+    mirror_direct, the stream's own replicas no longer answering direct gets)."""
+    lagging = f"{stream}_LAGGING"
+    await js.add_stream(api.StreamConfig(
+        name=lagging, mirror=api.StreamSource(name=stream, filter_subject=keeps),
+        mirror_direct=True, allow_direct=True, storage=api.StorageType.MEMORY))
+    own = (await js.stream_info(stream)).config
+    await js.update_stream(own.evolve(allow_direct=False))
+    wanted = sum(((await js.stream_info(stream, subjects_filter=keeps)).state.subjects or {}).values())
+
+    async def synced() -> bool:
+        return (await js.stream_info(lagging)).state.messages >= wanted
+
+    await wait_until(synced, timeout=10)

@@ -407,7 +407,7 @@ async def test_the_reaper_discards_what_the_killed_deliveries_stored(wbus, short
     # No room for deferrals: the server gives up after 2 deliveries, and the reaper files the letter.
     reaped = short_ack.with_overrides(streams={"worker_max_deliver": 2, "worker_max_deferrals": 0})
     await provision.apply(wbus.js, topology.load(reaped))
-    await enqueue(wbus.js, site.url("/static"))
+    task = await enqueue(wbus.js, site.url("/static"))
     for _ in range(2):  # both deliveries die after storing: the reaper files the letter
         await die_after_storing(wbus, reaped)
     assert await live_objects(wbus) == 8
@@ -415,6 +415,10 @@ async def test_the_reaper_discards_what_the_killed_deliveries_stored(wbus, short
     [letter] = await dead_letters(wbus.js)
     assert letter.stage == "reaper" and host.counters.get("completed", 0) == 0
     assert (await wbus.js.stream_info(names.ARTIFACTS_STREAM)).state.messages == 0
+    # `busscrape run` waits for this record: a letter filed without it would keep the run waiting.
+    latest = await StatusBoard(wbus.js).latest(task.task_id)
+    assert latest is not None and (latest[0].state, latest[0].reason) == ("dead", "max_deliveries"), latest
+    assert await count(wbus.js, names.TASKS_STREAM) == 0
 
 
 async def test_jpeg_screenshots_with_quality(wbus, wsettings, site, stamps):

@@ -356,3 +356,89 @@ async def test_killed_on_every_attempt_the_worker_files_the_letter_despite_the_d
     [letter] = await dead_letters(bus.js)
     assert letter.stage == "worker" and letter.reason == "max_deliveries" and letter.task_id == task.task_id
     assert worker.counters.get("completed", 0) == 0 and len(stamps["/slow"]) == 2
+
+
+async def two_workers_run(bus, s) -> tuple[Worker, Worker]:
+    """Two workers in this process, each with its own connection and name, run the queue dry."""
+    from busscrape.bus.connection import Bus
+
+    other = await Bus.connect(s, name="second-worker")
+    try:
+        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
+                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
+            await asyncio.gather(one.run(), two.run())
+    finally:
+        await other.close()
+    return one, two
+
+
+@pytest.mark.browser
+async def test_two_slots_on_a_host_without_a_delay_are_two_pages_at_once_never_more(bus, wsettings, site):  # noqa: F811
+    """No delay to space the starts: only the slots keep the host at two pages at once across two
+    workers of three tabs each, and the pages are long enough that both slots are used together."""
+    log = Log()
+    logged_page(site, log)
+    s = wsettings.with_overrides(worker={"concurrency": 3, "host_concurrency": 2, "host_delay": 0,
+                                         "host_busy_retry": "200ms", "exit_when_idle": "3s"},
+                                 streams={"worker_max_deliver": 1})
+    await provision.apply(bus.js, topology.load(s))
+    for i in range(8):
+        await enqueue(bus.js, site.url(f"/page?s=1.5&n={i}"))
+    one, two = await two_workers_run(bus, s)
+    host = site.hosts[0]
+    assert len(log.starts(host)) == 8 and len(await results(bus.js)) == 8
+    assert log.peak(host) == 2, log.rows
+    assert one.counters["deferred"] + two.counters["deferred"] > 0  # the third tab of each waited
+
+
+@pytest.mark.browser
+async def test_a_503_without_retry_after_cools_its_host_for_cool_default(bus, wsettings, site):  # noqa: F811
+    log = Log()
+    cooling = 4.0
+
+    @site.route("/busy")
+    async def busy(request: web.Request) -> web.StreamResponse:
+        start = time.time()
+        first = not any(path.startswith("/busy") for _, path, _, _ in log.rows)
+        with log.lock:
+            log.rows.append((request.host.split(":")[0], request.path_qs, start, time.time()))
+        if first:  # no Retry-After: the worker's cool_default says how long
+            return web.Response(status=503, text="busy", content_type="text/html")
+        return web.Response(text="<title>p</title>", content_type="text/html")
+
+    s = wsettings.with_overrides(worker={"concurrency": 2, "host_concurrency": 2, "cool_default": f"{cooling}s",
+                                         "retry_base_delay": "200ms", "retry_max_delay": "10s",
+                                         "host_busy_retry": "200ms", "exit_when_idle": "3s"})
+    await provision.apply(bus.js, topology.load(s))
+    await enqueue(bus.js, site.url("/busy?n=refused"))
+    async with Worker(bus, s) as worker:
+        running = asyncio.create_task(worker.run())
+        await wait_until(lambda: _cooled(bus, site.hosts[0]), timeout=60, every=0.05)
+        for i in range(3):  # queued once the host is cooling: they find it so
+            await enqueue(bus.js, site.url(f"/busy?n={i}"))
+        await running
+    refused_at = log.rows[0][3]
+    later = [start for _, _, start, _ in log.rows[1:]]
+    assert len(later) == 4 and min(later) - refused_at >= cooling, (refused_at, later)  # the refused one too
+    assert len(await results(bus.js)) == 4 and worker.counters["deferred"] > 0
+
+
+async def _cooled(bus, host: str) -> bool:
+    return [(c.host, c.status) for c in await cooling_hosts(bus.js)] == [(host, 503)]
+
+
+@pytest.mark.browser
+async def test_without_fleet_politeness_a_worker_keeps_no_host_limit(bus, wsettings, site):  # noqa: F811
+    """``worker.fleet_politeness = false``: the host limits are not enforced (no slots, no
+    deferrals): three pages at once on a host whose limit is one page every two seconds."""
+    log = Log()
+    logged_page(site, log)
+    s = wsettings.with_overrides(worker={"concurrency": 3, "host_concurrency": 1, "host_delay": "2s",
+                                         "fleet_politeness": False, "exit_when_idle": "2s"})
+    await provision.apply(bus.js, topology.load(s))
+    for i in range(3):
+        await enqueue(bus.js, site.url(f"/page?s=2&n={i}"))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert log.peak(site.hosts[0]) == 3, log.rows
+    assert worker.counters["completed"] == 3 and worker.counters.get("deferred", 0) == 0

@@ -102,3 +102,30 @@ async def test_a_proxied_request_to_a_blocked_address_is_still_refused(pbus, wse
         assert letter.reason.startswith("blocked") and site.hosts[1] in letter.url
         [ok] = await results(pbus.js)
         assert ok.proxy == up.url() and all(t.startswith(site.hosts[0]) for t in targets(up))
+
+
+async def test_a_session_keeps_its_proxy_on_another_worker(pbus, wsettings, site, tmp_path):  # noqa: F811
+    """``sticky_session``: the proxy a session used is kept in its record, so another worker (whose
+    own round robin would start elsewhere) renders that session's pages through the same proxy."""
+    from busscrape.worker.sessions import SessionStore
+    from tests.worker.test_sessions import login_site, sessions_file
+
+    login_site(site)
+    pages.install(site)
+    with ForwardProxy("127.0.0.5") as a, ForwardProxy("127.0.0.6") as b:
+        s = proxied(wsettings, site, pools={"main": [a.url(), b.url()]}, default_pool="main",
+                    rotation="sticky_session").with_overrides(
+            worker={"sessions_file": str(sessions_file(tmp_path, site))})
+        # The first worker: a session-less page takes the round robin's first proxy, the session the next.
+        await enqueue(pbus.js, site.url("/static"))
+        await enqueue(pbus.js, site.url("/private?n=first"), options=TaskOptions(session="shop-9"))
+        await run(pbus, s.with_overrides(worker={"name": "w1"}))
+        stored = await SessionStore(pbus.js).get("shop-9")
+        assert stored is not None and stored.proxy == b.url()
+        # Another worker, starting its own round robin at the first proxy, keeps the session's.
+        for i in range(3):
+            await enqueue(pbus.js, site.url(f"/private?n={i}"), options=TaskOptions(session="shop-9"))
+        await run(pbus, s.with_overrides(worker={"name": "w2"}))
+        got = [r for r in await results(pbus.js) if r.worker == "w2"]
+        assert len(got) == 3 and {r.proxy for r in got} == {b.url()}
+        assert {r.title for r in got} == {"secret of alice"}

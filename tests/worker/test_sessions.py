@@ -180,3 +180,48 @@ def test_a_bad_sessions_file_names_the_rule(tmp_path):
     path.write_text('[[session]]\nname = "x"\nlogin_url = "http://h/"\nlogin_steps = [{action = "fly"}]\n')
     with pytest.raises(ConfigurationError, match=r"#1 \(x\)"):
         read_rules(path)
+
+
+@pytest.mark.browser
+async def test_sessions_are_isolated_from_each_other_and_from_session_less_tasks(bus, wsettings, site,  # noqa: F811
+                                                                                 tmp_path):
+    """Two sessions logged in as two users, and session-less tasks, interleaved on one worker:
+    each page sees its own session's cookie, a session-less page none."""
+    seen = login_site(site)
+    rules = tmp_path / "two.toml"
+    rules.write_text("".join(f'''[[session]]
+name = "{name}"
+login_url = "{site.url('/login')}"
+login_steps = [{{action = "fill", selector = "#user", value = "{user}"}}, {{action = "click", selector = "#go"}}]
+check_selector = "#logout"
+''' for name, user in (("shop-a", "alice"), ("shop-b", "bob"))))
+    s = wsettings.with_overrides(worker={"concurrency": 2, "sessions_file": str(rules), "host_concurrency": 4})
+    await provision.apply(bus.js, topology.load(s))
+    for i in range(4):
+        for session in ("shop-a", None, "shop-b"):
+            await enqueue(bus.js, site.url(f"/private?n={i}&s={session}"),
+                          options=TaskOptions(session=session, artifacts=("html",)))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert await dead_letters(bus.js) == []
+    got = {r.url.rsplit("s=", 1)[1]: set() for r in await results(bus.js)}
+    for r in await results(bus.js):
+        got[r.url.rsplit("s=", 1)[1]].add(r.title)
+    assert got == {"shop-a": {"secret of alice"}, "shop-b": {"secret of bob"}, "None": {"login please"}}, got
+    assert seen["logins"] == 2
+    assert (await SessionStore(bus.js).get("shop-b")).logins == 1
+
+
+@pytest.mark.browser
+async def test_a_task_naming_a_session_no_rule_covers_is_dead_lettered_at_once(bus, wsettings, site,  # noqa: F811
+                                                                              tmp_path):
+    seen = login_site(site)
+    s = wsettings.with_overrides(worker={"sessions_file": str(sessions_file(tmp_path, site))})
+    await provision.apply(bus.js, topology.load(s))
+    await enqueue(bus.js, site.url("/private"), options=TaskOptions(session="bank-1"))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    [letter] = await dead_letters(bus.js)
+    assert letter.reason == "unknown_session" and "'bank-1'" in letter.error, letter
+    assert [a.retryable for a in letter.attempts] == [False] and seen["logins"] == 0
+    assert site.hits[(site.hosts[0], "/private")] == 0  # refused before any page was loaded

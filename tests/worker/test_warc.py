@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,59 @@ async def test_hostile_pages_give_bounded_valid_warcs(browser, hostile, tmp_path
     notes = {n["url"].rsplit("/", 1)[1]: n["note"] for n in warc.notes}
     assert "forever" in notes and "big.js" in notes
     assert "download" in notes or "download" in by_uri  # a download is a note or a response, never a crash
+
+
+# -- what the wire said, as the WARC keeps it ------------------------------------------------------
+
+SECRET = "Bearer warc-secret-4242"
+STYLE = "body{color:#123456}\n" * 50
+
+
+@pytest.fixture
+def wire(site):
+    site.page("/", "<title>wire</title><link rel=stylesheet href=/zipped.css>"
+                   "<script>fetch('/private', {headers: {Authorization: '" + SECRET + "'}})"
+                   ".then(r => r.text()).then(t => fetch('/cut')).then(r => r.text())"
+                   ".catch(e => 'cut').then(() => document.title = 'done')</script>")
+
+    @site.route("/zipped.css")
+    async def zipped(request):
+        return web.Response(body=gzip.compress(STYLE.encode()), headers={"Content-Type": "text/css",
+                                                                         "Content-Encoding": "gzip"})
+
+    @site.route("/private")
+    async def private(request):
+        assert request.headers["Authorization"] == SECRET  # the page did send it
+        return web.Response(text="for your eyes", content_type="text/plain")
+
+    @site.route("/cut")
+    async def cut(request):
+        """Promises 100000 bytes, sends 1000 and hangs up: the browser sees the connection cut."""
+        response = web.StreamResponse(headers={"Content-Type": "text/plain", "Content-Length": "100000"})
+        await response.prepare(request)
+        await response.write(b"x" * 1000)
+        request.transport.close()
+        return response
+
+    return site
+
+
+async def test_compressed_responses_authorization_and_a_cut_connection_in_the_warc(browser, wire, tmp_path):
+    """A gzip response is stored decoded and says so (``X-Archive-Orig-Content-Encoding``, no
+    ``Content-Encoding`` a replay tool would decode again); a request's ``Authorization`` is
+    masked as in the HAR; a body cut by a disconnect is ``WARC-Truncated: disconnect``."""
+    path = tmp_path / "page.warc.gz"
+    await record(browser, wire.url("/"), path, settle_js="document.title === 'done'")
+    check = warc_tool("warcio", "check", "-v", str(path))
+    assert check.returncode == 0 and "digest fail" not in check.stdout, check.stdout + check.stderr
+    recs = records(path)
+    responses = {r[1]["WARC-Target-URI"].rsplit("/", 1)[1]: r for r in by_type(recs, "response")}
+    css = responses["zipped.css"]
+    assert css[3] == STYLE.encode()  # decoded, as the browser used it
+    assert css[2].get_header("Content-Encoding") is None, css[2]
+    assert css[2].get_header("X-Archive-Orig-Content-Encoding") == "gzip"
+    assert css[2].get_header("Content-Length") == str(len(STYLE))
+    requests = {r[1]["WARC-Target-URI"].rsplit("/", 1)[1]: r for r in by_type(recs, "request")}
+    assert requests["private"][2].get_header("Authorization") == "[masked]"
+    assert not any(SECRET in str(r[2]) for r in by_type(recs, "request"))  # in the page's script only
+    assert responses["cut"][1]["WARC-Truncated"] == "disconnect", responses["cut"][1]
