@@ -14,8 +14,6 @@ removed from TASKS as done, so STATUS never goes from ``archived`` to ``dead``.
 
 from __future__ import annotations
 
-import contextlib
-
 import nats.js.errors
 import orjson
 import structlog
@@ -28,6 +26,7 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
 from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.scan import remove
 from busscrape.deadletters import filing
 from busscrape.errors import MessageDecodeError, StorageUnavailable
 from busscrape.model.messages import DeadLetter, MessageSource, ScrapeTask, decode
@@ -138,7 +137,6 @@ class Reaper(PullService):
         log.info("reaper.finished", task_id=task.task_id, seq=seq, deliveries=deliveries)
 
     async def _remove(self, seq: int, task_id: str | None) -> None:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await self.bus.js.delete_msg(names.TASKS_STREAM, seq)
+        await remove(self.bus.js, names.TASKS_STREAM, seq)  # False: acked or reaped meanwhile
         if task_id:
             await self.attempts.clear(task_id, seq)
