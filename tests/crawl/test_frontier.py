@@ -358,3 +358,30 @@ async def test_crawl_metrics_are_labelled_by_crawl(applied, settings, site):
         assert metric(text, "busscrape_crawl_links_total", crawl_id=spec.crawl_id, outcome="queued") == queued
     assert metric(text, "busscrape_crawl_links_total", crawl_id=one.crawl_id, outcome="depth_cut") == 2.0
     assert metric(text, "busscrape_crawl_links_total", crawl_id=two.crawl_id, outcome="duplicate") == 1.0
+
+
+async def test_a_process_keeps_a_bounded_number_of_parsed_robots_and_reads_the_rest_again_from_crawls(
+        applied, settings, site):
+    """A worker meets origins without end: its parsed robots.txt are an LRU cache of CRAWLS,
+    never a map that grows for the life of the process; one it forgot is read again from
+    CRAWLS (not fetched again) and still obeyed."""
+    from busscrape.crawl.robots import Robots
+
+    site.page("/robots.txt", "User-agent: *\nDisallow: /private\n", headers={"Content-Type": "text/plain"})
+    state = CrawlState(applied.js)
+    robots = Robots(state, policy_for(site), cache_size=2)
+    crawls = []
+    for n in range(2):
+        spec = CrawlSpec(seeds=(site.url(f"/seed{n}"),), robots="obey")
+        await state.start(spec)
+        crawls.append(spec.crawl_id)
+    for crawl_id in crawls:
+        for host in range(2):
+            assert not await robots.allowed(crawl_id, site.url("/private", host=host), "busscrape")
+            assert len(robots._parsed) <= 2
+    fetched = sum(n for (_, path), n in site.hits.items() if path == "/robots.txt")
+    assert fetched == 4  # once per crawl and origin
+    assert await robots.allowed(crawls[0], site.url("/open", host=0), "busscrape")  # forgotten: from CRAWLS
+    assert not await robots.allowed(crawls[0], site.url("/private", host=0), "busscrape")
+    assert sum(n for (_, path), n in site.hits.items() if path == "/robots.txt") == fetched
+    assert len(robots._parsed) == 2

@@ -167,6 +167,33 @@ async def _cooling_seen(g, host):
     return g._cooling_left(host) > 0
 
 
+async def test_a_gate_forgets_coolings_that_ran_out_though_their_expiry_sends_no_event(pbus):
+    """COOLING's max_age removes a key without a delete event: a gate that kept every cooling it
+    saw would grow with every host that ever answered 429, for the life of the worker."""
+    one, two = gate(pbus, Limit(2, 0), "w1"), gate(pbus, Limit(2, 0), "w2")
+    watch = asyncio.create_task(two.watch_cooling())
+    try:
+        for n in range(5):
+            await one.cool(f"brief{n}.test", 0.3, status=429, worker="w1")
+        await wait_until(lambda: _all_seen(two, 5), timeout=10, every=0.05)
+        ran_out = time.time() + 0.4
+
+        async def over() -> bool:
+            return time.time() > ran_out
+
+        await wait_until(over, timeout=5, every=0.05)
+        await one.cool("long.test", 30, status=503, worker="w1")
+        await wait_until(lambda: _cooling_seen(two, "long.test"), timeout=10, every=0.05)
+        assert set(two.cooling) == {"long.test"}
+        assert set(one.cooling) == {"long.test"}
+    finally:
+        watch.cancel()
+
+
+async def _all_seen(g, n):
+    return len(g.cooling) >= n
+
+
 # -- real workers, real Chromium ---------------------------------------------------------------
 
 

@@ -41,9 +41,10 @@ from busscrape.crawl.links import PageLinks
 from busscrape.crawl.robots import Robots, origin_of
 from busscrape.crawl.scope import ScopeRules
 from busscrape.crawl.spec import CrawlSpec, crawl_task_id
-from busscrape.crawl.state import SEEDS, CrawlState
+from busscrape.crawl.state import MAX_CRAWLS, SEEDS, CrawlState
 from busscrape.dispatch.urls import UrlNormaliser, UrlRules
 from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked, RetryableError
+from busscrape.lru import Lru
 from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode, identity_tail
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
@@ -69,10 +70,10 @@ class Frontier:
         self.robots = Robots(self.state, policy)
         self._normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
         self._ttl = str(max(1, int(settings.dispatch.recrawl_after)))
-        self._rules: dict[str, ScopeRules] = {}
-        self._tails: dict[str, bytes] = {}
+        self._rules: Lru[str, ScopeRules] = Lru(MAX_CRAWLS)
+        self._tails: Lru[str, bytes] = Lru(MAX_CRAWLS)
         self._slots = asyncio.Semaphore(IN_FLIGHT)
-        self._blocked: dict[str, bool] = {}
+        self._blocked: Lru[str, bool] = Lru(MAX_ORIGINS)
         """origin → whether the network policy refuses it (the worker's egress checks every request anyway)."""
 
     async def rules(self, spec: CrawlSpec, known: int = 0) -> ScopeRules:
@@ -314,8 +315,6 @@ class Frontier:
                 blocked = True
             except RetryableError:
                 blocked = False  # cannot resolve now: the render will say (and retry)
-            if len(self._blocked) >= MAX_ORIGINS:
-                self._blocked.clear()
             self._blocked[origin] = blocked
         if blocked:
             return "blocked"

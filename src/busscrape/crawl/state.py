@@ -24,8 +24,10 @@ from busscrape.bus.retry import TRANSIENT
 from busscrape.bus.scan import kv_latest
 from busscrape.crawl.spec import CrawlSpec
 from busscrape.errors import StorageUnavailable
+from busscrape.lru import Lru
 from busscrape.model.messages import decode, encode
 
+MAX_CRAWLS = 256  # crawls whose rules, scope and task-id tail one process keeps at hand
 SEEDS = "seeds"
 """The page record of the seeds (a page key that is not a task id)."""
 
@@ -34,7 +36,7 @@ class CrawlState:
     def __init__(self, js: JetStreamContext) -> None:
         self._js = js
         self._kv: KeyValue | None = None
-        self._specs: dict[str, CrawlSpec] = {}
+        self._specs: Lru[str, CrawlSpec] = Lru(MAX_CRAWLS)
 
     async def kv(self) -> KeyValue:
         if self._kv is None:

@@ -152,7 +152,8 @@ class FleetGate:
         self.busy_retry = busy_retry
         self.ttl = ttl
         self.cooling: dict[str, Cooling] = {}
-        """Hosts cooling now, by host (kept current by ``watch_cooling``)."""
+        """Hosts cooling now, by host (kept current by ``watch_cooling``; a cooling that ran out
+        is forgotten by ``_forget_cooled``: COOLING's ``max_age`` expiry sends no delete event)."""
         self._hosts: KeyValue | None = None
         self._cool: KeyValue | None = None
         self.deferred = 0
@@ -196,7 +197,18 @@ class FleetGate:
 
     def _cooling_left(self, host: str) -> float:
         cooling = self.cooling.get(host)
-        return cooling.until - time.time() if cooling is not None else 0.0
+        if cooling is None:
+            return 0.0
+        left = cooling.until - time.time()
+        if left <= 0:
+            self.cooling.pop(host, None)
+        return left
+
+    def _forget_cooled(self) -> None:
+        """Drop the coolings that ran out (on every change: the map holds only hosts cooling now)."""
+        now = time.time()
+        for host in [h for h, c in self.cooling.items() if c.until <= now]:
+            del self.cooling[host]
 
     async def _take_slot(self, kv: KeyValue, token: str, limit: Limit) -> Slot | None:
         # From a random slot on, so workers do not all fight over slot 0 first.
@@ -219,6 +231,7 @@ class FleetGate:
         current = self.cooling.get(host)
         if current is not None and current.until >= cooling.until:
             return
+        self._forget_cooled()
         self.cooling[host] = cooling  # this worker at once, the others through their watch
         with contextlib.suppress(*TRANSIENT):
             await kv.put(host_token(host), cooling.encode())
@@ -235,6 +248,7 @@ class FleetGate:
                         continue
                     host = host_of(entry.key)
                     cooling = Cooling.decode(host, entry.value) if entry.operation is None else None
+                    self._forget_cooled()
                     if cooling is None:
                         self.cooling.pop(host, None)
                     else:
