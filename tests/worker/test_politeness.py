@@ -136,6 +136,7 @@ async def test_a_renewed_slot_outlives_the_ttl(pbus):
     one.ttl = 3.0
     held = await one.enter("r.test")
     assert isinstance(held, Slot)
+    first = held.revision
     kv = await pbus.js.key_value(names.HOSTS_BUCKET)
     taken = time.monotonic()
 
@@ -143,7 +144,9 @@ async def test_a_renewed_slot_outlives_the_ttl(pbus):
         return time.monotonic() - taken > 1.5 * one.ttl
 
     await wait_until(past_the_ttl, timeout=20)
-    assert (await kv.get(held.key)).value == b"held"  # renewed, still there
+    kept = await kv.get(held.key)
+    assert kept.value == held.value and kept.value.startswith(b"w1 ")  # renewed, still there, naming its holder
+    assert kept.revision == held.revision > first
     assert isinstance(await one.enter("r.test"), Wait)
     await held.release()
 
@@ -313,11 +316,14 @@ async def test_a_sigkilled_workers_slot_is_free_within_the_lease_ttl(bus, wsetti
     kv = await bus.js.key_value(names.HOSTS_BUCKET)
     key = f"slot.{host_token(site.hosts[0])}.0"
 
+    revisions: set[int] = set()
+
     async def renewed() -> bool:  # held, and renewed once at least: the worker keeps it
         try:
-            return (await kv.get(key)).value == b"held"
+            revisions.add((await kv.get(key)).revision)
         except Exception:
             return False
+        return len(revisions) > 1
 
     try:
         await wait_until(renewed, timeout=60)
