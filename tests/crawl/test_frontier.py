@@ -385,3 +385,31 @@ async def test_a_process_keeps_a_bounded_number_of_parsed_robots_and_reads_the_r
     assert not await robots.allowed(crawls[0], site.url("/private", host=0), "busscrape")
     assert sum(n for (_, path), n in site.hits.items() if path == "/robots.txt") == fetched
     assert len(robots._parsed) == 2
+
+
+async def test_two_concurrent_deliveries_of_one_page_count_every_link_it_queued_once(applied, settings, site):
+    """A redelivery after ack_wait while the first worker still runs (its heartbeats cut by a
+    partition): two goes of one page create its links at once. The budget counts every task in
+    SEEN, and the page record names every task the page queued, whichever go created it: the
+    crawl's "done" and its --max-pages are derived from what was created, not from one go's memory."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=1000)
+    one, two, other = await two_frontiers(applied, settings, site)
+    pages = [page_task(spec, site.url(f"/twice/{i}")) for i in range(8)]
+    try:
+        await one.seed(spec)
+        for n, page in enumerate(pages):
+            links = PageLinks(tuple(site.url(f"/twice/{n}/{j}") for j in range(30)), 30, HTML)
+            await asyncio.gather(one.follow(page, page.url, links), two.follow(page, page.url, links))
+    finally:
+        await other.close()
+    tasks = await seen_tasks(applied)
+    state = CrawlState(applied.js)
+    assert len(tasks) == 1 + 8 * 30
+    assert await state.used(spec.crawl_id) == len(tasks)
+    assert await state.holds(spec.crawl_id) == {}
+    for page in pages:
+        record = await state.page(spec.crawl_id, page.task_id)
+        mine = {t.task_id for t in tasks if t.crawl and t.crawl.parent == page.task_id}
+        assert len(mine) == 30 and set(record["queued"]) == mine, (len(record["queued"]), record["counts"])
+        assert record["counts"]["queued"] == 30 and record["counts"]["duplicate"] == 0
