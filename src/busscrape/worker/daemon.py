@@ -154,7 +154,7 @@ class Worker(PullService):
         if not self.settings.worker.reaper:
             return []
         return [Reaper(self.bus, self.attempts, self.artifacts, grace_period=self.grace_period,
-                       telemetry=self.telemetry)]
+                       telemetry=self.telemetry, frontier=lambda: self.frontier)]
 
     async def background(self) -> list[asyncio.Task[Any]]:
         info = await patiently(lambda: self.bus.js.consumer_info(self.stream, self.durable), what="TASKS/workers")
