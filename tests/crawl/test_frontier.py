@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 from datetime import UTC, datetime
 
+import pytest
+
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.crawl.frontier import Frontier
@@ -413,3 +415,23 @@ async def test_two_concurrent_deliveries_of_one_page_count_every_link_it_queued_
         mine = {t.task_id for t in tasks if t.crawl and t.crawl.parent == page.task_id}
         assert len(mine) == 30 and set(record["queued"]) == mine, (len(record["queued"]), record["counts"])
         assert record["counts"]["queued"] == 30 and record["counts"]["duplicate"] == 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_backtracking_exclude_pattern_on_a_pages_hostile_urls_is_cut_off_not_run_for_ever(
+        applied, settings, site):
+    """``(x+x+)+y`` against ``/xxxx…`` backtracks for ages in Python's re, on the worker's event
+    loop (every slot stalls). The search is bounded: the hostile links count as excluded, the
+    pattern is given up after a few stalls (every later link counts as excluded), and the page's
+    other links are queued."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", exclude=(r"(x+x+)+y",))
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    await frontier.seed(spec)
+    page = page_task(spec, site.url("/hostile"))
+    hostile = tuple(site.url("/" + "x" * (1900 + i)) for i in range(20))
+    links = PageLinks((site.url("/b"), *hostile), 21, HTML)  # /b before the pattern is given up
+    await frontier.follow(page, page.url, links)
+    record = await frontier.state.page(spec.crawl_id, page.task_id)
+    assert record["counts"]["excluded"] == 20 and record["counts"]["queued"] == 1
+    assert record["queued"] == [crawl_task_id(spec.crawl_id, site.url("/b"))]
