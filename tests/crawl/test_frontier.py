@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 from datetime import UTC, datetime
 
+import pytest
+
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.crawl.frontier import Frontier
@@ -463,3 +465,77 @@ async def test_a_non_html_pages_links_are_not_followed_and_a_cut_list_says_how_m
     assert site.url("/from-text") not in {t.url for t in await seen_tasks(applied)}
     summary = summarise(spec.crawl_id, await frontier.state.pages(spec.crawl_id))
     assert summary.not_followed == {"not_html": 1}
+
+async def test_a_process_keeps_a_bounded_number_of_parsed_robots_and_reads_the_rest_again_from_crawls(
+        applied, settings, site):
+    """A worker meets origins without end: its parsed robots.txt are an LRU cache of CRAWLS,
+    never a map that grows for the life of the process; one it forgot is read again from
+    CRAWLS (not fetched again) and still obeyed."""
+    from busscrape.crawl.robots import Robots
+
+    site.page("/robots.txt", "User-agent: *\nDisallow: /private\n", headers={"Content-Type": "text/plain"})
+    state = CrawlState(applied.js)
+    robots = Robots(state, policy_for(site), cache_size=2)
+    crawls = []
+    for n in range(2):
+        spec = CrawlSpec(seeds=(site.url(f"/seed{n}"),), robots="obey")
+        await state.start(spec)
+        crawls.append(spec.crawl_id)
+    for crawl_id in crawls:
+        for host in range(2):
+            assert not await robots.allowed(crawl_id, site.url("/private", host=host), "busscrape")
+            assert len(robots._parsed) <= 2
+    fetched = sum(n for (_, path), n in site.hits.items() if path == "/robots.txt")
+    assert fetched == 4  # once per crawl and origin
+    assert await robots.allowed(crawls[0], site.url("/open", host=0), "busscrape")  # forgotten: from CRAWLS
+    assert not await robots.allowed(crawls[0], site.url("/private", host=0), "busscrape")
+    assert sum(n for (_, path), n in site.hits.items() if path == "/robots.txt") == fetched
+    assert len(robots._parsed) == 2
+
+
+async def test_two_concurrent_deliveries_of_one_page_count_every_link_it_queued_once(applied, settings, site):
+    """A redelivery after ack_wait while the first worker still runs (its heartbeats cut by a
+    partition): two goes of one page create its links at once. The budget counts every task in
+    SEEN, and the page record names every task the page queued, whichever go created it: the
+    crawl's "done" and its --max-pages are derived from what was created, not from one go's memory."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=1000)
+    one, two, other = await two_frontiers(applied, settings, site)
+    pages = [page_task(spec, site.url(f"/twice/{i}")) for i in range(8)]
+    try:
+        await one.seed(spec)
+        for n, page in enumerate(pages):
+            links = PageLinks(tuple(site.url(f"/twice/{n}/{j}") for j in range(30)), 30, HTML)
+            await asyncio.gather(one.follow(page, page.url, links), two.follow(page, page.url, links))
+    finally:
+        await other.close()
+    tasks = await seen_tasks(applied)
+    state = CrawlState(applied.js)
+    assert len(tasks) == 1 + 8 * 30
+    assert await state.used(spec.crawl_id) == len(tasks)
+    assert await state.holds(spec.crawl_id) == {}
+    for page in pages:
+        record = await state.page(spec.crawl_id, page.task_id)
+        mine = {t.task_id for t in tasks if t.crawl and t.crawl.parent == page.task_id}
+        assert len(mine) == 30 and set(record["queued"]) == mine, (len(record["queued"]), record["counts"])
+        assert record["counts"]["queued"] == 30 and record["counts"]["duplicate"] == 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_backtracking_exclude_pattern_on_a_pages_hostile_urls_is_cut_off_not_run_for_ever(
+        applied, settings, site):
+    """``(x+x+)+y`` against ``/xxxx…`` backtracks for ages in Python's re, on the worker's event
+    loop (every slot stalls). The search is bounded: the hostile links count as excluded, the
+    pattern is given up after a few stalls (every later link counts as excluded), and the page's
+    other links are queued."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", exclude=(r"(x+x+)+y",))
+    frontier = Frontier(applied.js, settings, policy_for(site))
+    await frontier.seed(spec)
+    page = page_task(spec, site.url("/hostile"))
+    hostile = tuple(site.url("/" + "x" * (1900 + i)) for i in range(20))
+    links = PageLinks((site.url("/b"), *hostile), 21, HTML)  # /b before the pattern is given up
+    await frontier.follow(page, page.url, links)
+    record = await frontier.state.page(spec.crawl_id, page.task_id)
+    assert record["counts"]["excluded"] == 20 and record["counts"]["queued"] == 1
+    assert record["queued"] == [crawl_task_id(spec.crawl_id, site.url("/b"))]

@@ -338,3 +338,20 @@ async def test_purge_on_a_terminal_asks_first_and_deletes_only_on_yes(applied, s
     code, said = await asyncio.to_thread(on_a_terminal, url, b"y\n", "dlq", "purge", "--reason", "http_*")
     assert code == 0, said
     assert await seqs_of(js) == set(letters.values()) - {letters["old_404"], letters["recent_500"]}
+
+
+async def test_two_concurrent_replays_of_one_letter_both_report_it_replayed_and_queue_it_once(
+        applied, settings, letters):
+    """The second delete of a letter answers err_code 10057 ("no message found"), not a
+    NotFoundError: it is the other replay having removed it first, not a failure."""
+    from busscrape.deadletters.queue import DeadLetterQueue
+
+    js = applied.js
+    dlq = DeadLetterQueue(js)
+    entry = await dlq.get(letters["recent_500"])
+    outcomes = await asyncio.gather(dlq.replay(entry), DeadLetterQueue(js).replay(entry))
+    assert [o.action for o in outcomes] == ["replayed", "replayed"], [o.detail for o in outcomes]
+    assert await count(js, names.TASKS_STREAM) == 1 and letters["recent_500"] not in await seqs_of(js)
+    deleted = await asyncio.gather(dlq.delete(await dlq.get(letters["old_404"])),
+                                   dlq.delete(await dlq.get(letters["old_404"])))
+    assert sorted(o.action for o in deleted) == ["deleted", "missing"], [o.detail for o in deleted]

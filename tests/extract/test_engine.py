@@ -84,3 +84,48 @@ def test_a_hostile_page_is_bounded():
     e = extractor(items={"css": "i", "multiple": True})
     outcome = engine.run(e, "<i>x</i>" * (engine.MAX_VALUES + 500), "http://x/")
     assert len(outcome.record["items"]) == engine.MAX_VALUES and "kept the first" in outcome.warnings[0]
+
+
+@pytest.mark.parametrize(("html", "text"), [
+    ("<h1>Nordlicht<sup>®</sup> Thermos</h1>", "Nordlicht® Thermos"),
+    ("<h1>H<sub>2</sub>O <em>bottle</em>,\n  <b>1</b>&nbsp;L</h1>", "H2O bottle, 1 L"),
+    ("<div class=t><p>first</p><p>second</p></div>", "first second"),
+    ("<h1>line<br>break</h1>", "line break"),
+    ("<div class=t><table><tr><td>a</td><td>b</td></tr></table></div>", "a b"),
+    ("<h1>x<script>var y = 1;</script>z<!-- note -->w</h1>", "xzw"),
+    ("<div class=t>a<noscript><b>no</b> js</noscript>b</div>", "ab"),
+])
+def test_text_joins_the_text_of_inline_elements_without_a_space_inside_words(html, text):
+    outcome = engine.run(extractor(name={"css": "h1, .t"}), f"<html><body>{html}</body></html>", "http://x/")
+    assert outcome.record["name"] == text
+
+
+def test_an_any_alternative_gives_its_own_format_to_the_fields_date_type():
+    e = extractor(published={"type": "date", "any": [{"css": ".de", "format": "%d.%m.%Y"},
+                                                     {"css": ".us", "format": "%m/%d/%Y"}]})
+    assert engine.run(e, "<p class=de>05.03.2024</p>", "http://x/").record == {"published": "2024-03-05"}
+    assert engine.run(e, "<p class=us>03/05/2024</p>", "http://x/").record == {"published": "2024-03-05"}
+    with pytest.raises(ValueError, match="format applies to date and datetime fields only"):
+        extractor(title={"css": "h1", "format": "%Y"})
+    with pytest.raises(ValueError, match="format applies to date and datetime fields only"):
+        extractor(title={"any": [{"css": "h1", "format": "%Y"}]})
+
+
+@pytest.mark.parametrize(("text", "amount", "currency"), [
+    ("1.299 €", "1299", "€"), ("€1.299", "1299", "€"), ("1.299,00 €", "1299.00", "€"),
+    ("$1,299.99", "1299.99", "$"), ("EUR 12,50", "12.50", "EUR"), ("Preis: 19,99 zł", "19.99", "zł"),
+    ("12.5", "12.5", None),
+])
+def test_a_price_reads_its_amount_and_currency(text, amount, currency):
+    assert coerce(text, "price", base_url="") == {"amount": amount, "currency": currency}
+    e = extractor(price={"css": ".p", "type": "price", "required": True})
+    assert engine.run(e, f"<p class=p>{text}</p>", "http://x/").record == {"price": {"amount": amount,
+                                                                                     "currency": currency}}
+
+
+def test_a_number_with_a_currency_is_read_as_a_price_is():
+    assert coerce("1.299 €", "decimal", base_url="") == "1299"
+    assert coerce("€1.299", "int", base_url="") == 1299
+    assert coerce(19.9, "price", base_url="") == {"amount": "19.9", "currency": None}
+    with pytest.raises(NotThatType):
+        coerce("call us", "price", base_url="")

@@ -136,6 +136,7 @@ async def test_a_renewed_slot_outlives_the_ttl(pbus):
     one.ttl = 3.0
     held = await one.enter("r.test")
     assert isinstance(held, Slot)
+    first = held.revision
     kv = await pbus.js.key_value(names.HOSTS_BUCKET)
     taken = time.monotonic()
 
@@ -143,7 +144,9 @@ async def test_a_renewed_slot_outlives_the_ttl(pbus):
         return time.monotonic() - taken > 1.5 * one.ttl
 
     await wait_until(past_the_ttl, timeout=20)
-    assert (await kv.get(held.key)).value == b"held"  # renewed, still there
+    kept = await kv.get(held.key)
+    assert kept.value == held.value and kept.value.startswith(b"w1 ")  # renewed, still there, naming its holder
+    assert kept.revision == held.revision > first
     assert isinstance(await one.enter("r.test"), Wait)
     await held.release()
 
@@ -165,6 +168,33 @@ async def test_cooling_reaches_every_gate_and_status(pbus):
 
 async def _cooling_seen(g, host):
     return g._cooling_left(host) > 0
+
+
+async def test_a_gate_forgets_coolings_that_ran_out_though_their_expiry_sends_no_event(pbus):
+    """COOLING's max_age removes a key without a delete event: a gate that kept every cooling it
+    saw would grow with every host that ever answered 429, for the life of the worker."""
+    one, two = gate(pbus, Limit(2, 0), "w1"), gate(pbus, Limit(2, 0), "w2")
+    watch = asyncio.create_task(two.watch_cooling())
+    try:
+        for n in range(5):
+            await one.cool(f"brief{n}.test", 0.3, status=429, worker="w1")
+        await wait_until(lambda: _all_seen(two, 5), timeout=10, every=0.05)
+        ran_out = time.time() + 0.4
+
+        async def over() -> bool:
+            return time.time() > ran_out
+
+        await wait_until(over, timeout=5, every=0.05)
+        await one.cool("long.test", 30, status=503, worker="w1")
+        await wait_until(lambda: _cooling_seen(two, "long.test"), timeout=10, every=0.05)
+        assert set(two.cooling) == {"long.test"}
+        assert set(one.cooling) == {"long.test"}
+    finally:
+        watch.cancel()
+
+
+async def _all_seen(g, n):
+    return len(g.cooling) >= n
 
 
 # -- real workers, real Chromium ---------------------------------------------------------------
@@ -286,11 +316,14 @@ async def test_a_sigkilled_workers_slot_is_free_within_the_lease_ttl(bus, wsetti
     kv = await bus.js.key_value(names.HOSTS_BUCKET)
     key = f"slot.{host_token(site.hosts[0])}.0"
 
+    revisions: set[int] = set()
+
     async def renewed() -> bool:  # held, and renewed once at least: the worker keeps it
         try:
-            return (await kv.get(key)).value == b"held"
+            revisions.add((await kv.get(key)).revision)
         except Exception:
             return False
+        return len(revisions) > 1
 
     try:
         await wait_until(renewed, timeout=60)

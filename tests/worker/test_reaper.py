@@ -57,3 +57,50 @@ async def test_the_reaper_never_turns_an_archived_task_dead(bus, wsettings, site
     assert await count(bus.js, names.TASKS_STREAM) == 0 and await count(bus.js, names.ADVISORIES_STREAM) == 0
     latest, _ = await StatusBoard(bus.js).latest(task.task_id)
     assert latest.state == "archived"  # never archived -> dead
+
+
+class DiesBeforeFollowing(Worker):
+    """Dies after the page's result stands and its links are kept, before they are followed."""
+
+    async def _follow_or_later(self, *args, **kwargs):
+        raise SystemExit
+
+    async def handle(self, msg):
+        try:
+            await super().handle(msg)
+        except SystemExit:
+            self.stop()
+
+
+async def test_the_reaper_follows_the_links_of_a_crawl_page_whose_last_delivery_died_so_the_crawl_ends(
+        bus, wsettings, site, tmp_path):  # noqa: F811
+    from busscrape.crawl.run import start_crawl
+    from busscrape.crawl.spec import CrawlSpec, crawl_task_id
+    from busscrape.crawl.state import CrawlState
+    from tests.support import crawl_site
+
+    crawl_site.install(site)
+    last = wsettings.with_overrides(streams={"worker_ack_wait": "2s", "worker_max_deliver": 1,
+                                             "worker_max_deferrals": 0})
+    await provision.apply(bus.js, topology.load(last))
+    spec = CrawlSpec(seeds=(site.url("/a/1"),), robots="ignore", depth=1, max_pages=5)
+    await start_crawl(bus, last, spec)
+    async with DiesBeforeFollowing(bus, last.with_overrides(worker={"max_tasks": 1, "grace_period": 0.1,
+                                                                     "reaper": False})) as w:
+        await w.run()
+    seed = crawl_task_id(spec.crawl_id, site.url("/a/1"))
+    state = CrawlState(bus.js)
+    assert await state.page(spec.crawl_id, seed) is None and await state.links(spec.crawl_id, seed) is not None
+
+    async def advised() -> bool:
+        return await count(bus.js, names.ADVISORIES_STREAM) == 1
+
+    await wait_until(advised, timeout=30)
+    host = await run_worker(bus, last, exit_when_idle=5)
+    assert host.counters["reaper_finished"] == 1 and await dead_letters(bus.js) == []
+    record = await state.page(spec.crawl_id, seed)
+    assert record is not None and sorted(record["queued"]) == sorted(
+        crawl_task_id(spec.crawl_id, site.url(p)) for p in ("/a/2", "/"))
+    assert await state.holds(spec.crawl_id) == {} and await state.used(spec.crawl_id) == 3
+    # The links the reaper queued were rendered: the crawl went on and ended.
+    assert site.hits[(site.hosts[0], "/a/2")] >= 1 and await count(bus.js, names.TASKS_STREAM) == 0

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
@@ -83,3 +84,26 @@ async def kv_latest(js: JetStreamContext, bucket: str, keys: str = ">", *, timeo
             if msg.data:
                 found[msg.subject.removeprefix(prefix)] = msg.data
     return found
+
+
+NO_MESSAGE = 10057
+"""JetStream's err_code ("no message found") for deleting a message that is gone already
+(nats-py raises it as a ``ServerError``, not ``NotFoundError``)."""
+DELETE_FAILED = 10043
+"""JetStream's err_code for a failed delete; its description says "sequence N not found" when the
+message went in a concurrent delete (a ``BadRequestError``)."""
+
+
+async def remove(js: JetStreamContext, stream: str, seq: int) -> bool:
+    """Delete message ``seq`` of ``stream``: False when it was gone already (another replay, a
+    purge, an ack of a work-queue message, a concurrent reaper removed it first). Raises what
+    NATS raises when it does not answer."""
+    try:
+        await js.delete_msg(stream, seq)
+    except nats.js.errors.NotFoundError:
+        return False
+    except nats.js.errors.APIError as exc:
+        if exc.err_code == NO_MESSAGE or (exc.err_code == DELETE_FAILED and "not found" in (exc.description or "")):
+            return False
+        raise
+    return True

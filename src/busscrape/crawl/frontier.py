@@ -41,9 +41,10 @@ from busscrape.crawl.links import PageLinks
 from busscrape.crawl.robots import Robots, origin_of
 from busscrape.crawl.scope import ScopeRules
 from busscrape.crawl.spec import CrawlSpec, crawl_task_id
-from busscrape.crawl.state import SEEDS, CrawlState
+from busscrape.crawl.state import MAX_CRAWLS, SEEDS, CrawlState
 from busscrape.dispatch.urls import UrlNormaliser, UrlRules
 from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked, RetryableError
+from busscrape.lru import Lru
 from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode, identity_tail
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
@@ -69,10 +70,10 @@ class Frontier:
         self.robots = Robots(self.state, policy)
         self._normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
         self._ttl = str(max(1, int(settings.dispatch.recrawl_after)))
-        self._rules: dict[str, ScopeRules] = {}
-        self._tails: dict[str, bytes] = {}
+        self._rules: Lru[str, ScopeRules] = Lru(MAX_CRAWLS)
+        self._tails: Lru[str, bytes] = Lru(MAX_CRAWLS)
         self._slots = asyncio.Semaphore(IN_FLIGHT)
-        self._blocked: dict[str, bool] = {}
+        self._blocked: Lru[str, bool] = Lru(MAX_ORIGINS)
         """origin → whether the network policy refuses it (the worker's egress checks every request anyway)."""
 
     async def rules(self, spec: CrawlSpec, known: int = 0) -> ScopeRules:
@@ -180,10 +181,7 @@ class Frontier:
         ids.discard(task.task_id)
         held = await asyncio.gather(*(self._held_by(t) for t in ids))
         queued = [t for t, by in zip(ids, held, strict=True) if by == task.task_id]
-        hold = (await self.state.holds(spec.crawl_id)).get(task.task_id)
-        if hold is not None:
-            granted, before = hold
-            await self.state.settle(spec.crawl_id, task.task_id, granted - max(0, len(queued) - before))
+        await self.state.settle(spec.crawl_id, task.task_id, len(queued))
         reason = getattr(error, "reason", type(error).__name__)
         record = {"url": task.url, "depth": crawl.depth, "parent": crawl.parent, "link_depth": crawl.depth + 1,
                   "counts": {"discovered": links.total, "queued": len(queued),
@@ -277,13 +275,9 @@ class Frontier:
             skip(candidates[task_id][0], "budget_cut")
         made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], place)
                                       for task_id in fresh[:granted]))
-        for task_id, created in zip(fresh[:granted], made, strict=True):
-            if created:
-                queued.append(task_id)
-            else:
-                counts["duplicate"] += 1  # another page created it in between: its slot goes back
+        queued += await self._made_by(place, fresh[:granted], made, counts)
         if holds:
-            await self.state.settle(spec.crawl_id, holder, granted - sum(made))
+            await self.state.settle(spec.crawl_id, holder, len(queued))
         return queued
 
     async def _create_unbudgeted(self, spec: CrawlSpec, candidates: dict[str, tuple[str, str]],
@@ -293,13 +287,21 @@ class Frontier:
         parent in SEEN."""
         made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], place)
                                       for task_id in candidates))
-        queued: list[str] = []
-        lost: list[str] = []
-        for task_id, created in zip(candidates, made, strict=True):
-            (queued if created else lost).append(task_id)
-        if lost:
-            held = await asyncio.gather(*(self._held_by(t) for t in lost))
-            queued += [task_id for task_id, by in zip(lost, held, strict=True) if by == place.parent]
+        return await self._made_by(place, list(candidates), made)
+
+    async def _made_by(self, place: CrawlRef, tried: list[str], made: list[bool],
+                       counts: Counter[str] | None = None) -> list[str]:
+        """Of the ``tried`` creates, the tasks in SEEN that are this page's: those this go
+        created, and those another go of the same page created first (recognised by their
+        parent, read again in SEEN); the rest are another page's (``duplicate``)."""
+        queued = [task_id for task_id, created in zip(tried, made, strict=True) if created]
+        lost = [task_id for task_id, created in zip(tried, made, strict=True) if not created]
+        held = await asyncio.gather(*(self._held_by(t) for t in lost))
+        for task_id, by in zip(lost, held, strict=True):
+            if by == (place.parent or ""):
+                queued.append(task_id)
+            elif counts is not None:
+                counts["duplicate"] += 1
         return queued
 
     async def _admissible(self, spec: CrawlSpec, url: str) -> str | None:
@@ -314,8 +316,6 @@ class Frontier:
                 blocked = True
             except RetryableError:
                 blocked = False  # cannot resolve now: the render will say (and retry)
-            if len(self._blocked) >= MAX_ORIGINS:
-                self._blocked.clear()
             self._blocked[origin] = blocked
         if blocked:
             return "blocked"

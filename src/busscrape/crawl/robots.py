@@ -20,12 +20,14 @@ from protego import Protego
 
 from busscrape.crawl.state import CrawlState
 from busscrape.errors import PolicyBlocked, RetryableError
+from busscrape.lru import Lru
 from busscrape.net import checked
 from busscrape.net.policy import NetworkPolicy
 
 ROBOTS_TTL = 24 * 3600.0  # seconds a fetched robots.txt is used (Google caches it up to a day)
 FETCH_TIMEOUT = 10.0
 MAX_BYTES = 500 * 1024  # Google reads the first 500 KiB
+CACHE_SIZE = 1024  # parsed robots.txt (crawl, origin) one process keeps; the rest are read again from CRAWLS
 
 
 class RobotsUnavailable(RetryableError):
@@ -46,11 +48,12 @@ def _key(origin: str) -> str:
 class Robots:
     """The robots.txt rules of every origin a crawl meets."""
 
-    def __init__(self, state: CrawlState, policy: NetworkPolicy, user_agent: str = "busscrape") -> None:
+    def __init__(self, state: CrawlState, policy: NetworkPolicy, user_agent: str = "busscrape", *,
+                 cache_size: int = CACHE_SIZE) -> None:
         self.state = state
         self.policy = policy
         self.user_agent = user_agent
-        self._parsed: dict[tuple[str, str], tuple[float, Protego]] = {}
+        self._parsed: Lru[tuple[str, str], tuple[float, Protego]] = Lru(cache_size)
 
     async def rules(self, crawl_id: str, url: str) -> Protego:
         origin = origin_of(url)

@@ -10,6 +10,15 @@
   ``x.co.uk`` and ``y.co.uk``), by tldextract with the suffix list it bundles: no network fetch, ever;
 - ``any``: every http(s) link (the depth and the budget bound it).
 
+``include`` / ``exclude`` are regular expressions searched in the whole URL, in Python ``re``
+syntax, run by the ``regex`` engine (its ``VERSION0``, ``re``'s behaviour) for its time bound:
+they run on the worker's event loop against URLs a page chose, so a backtracking pattern
+(``(x+x+)+y``) on a hostile URL must not stall every slot. A search that takes longer than
+``MATCH_TIMEOUT`` counts as a match of an ``exclude`` and a miss of an ``include`` (the link is
+not followed, and the page record says ``excluded`` / ``not_included``); after
+``MAX_STALLS`` such searches the pattern is not run again in this process (every link then
+goes the same way), so a page of 5,000 links costs at most ``MAX_STALLS`` timeouts a pattern.
+
 A seed that redirects (``http://example.com`` → ``https://www.example.com/``) makes where it
 landed a seed of the scope too, as Browsertrix does: without it a host or prefix crawl of a
 site that moved would end at its first page.
@@ -17,13 +26,41 @@ site that moved would end at its first page.
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+import regex
+import structlog
 import tldextract
 
 from busscrape.crawl.spec import CrawlSpec
+
+log = structlog.get_logger("busscrape.crawl")
+
+MATCH_TIMEOUT = 0.05  # seconds one include/exclude search of one URL may take
+MAX_STALLS = 3  # searches of one pattern that ran out of time before it is given up in this process
+
+
+class UrlPattern:
+    """One include or exclude pattern, searched with a time bound."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._compiled = regex.compile(pattern)
+        self.stalls = 0
+
+    def search(self, url: str) -> bool | None:
+        """Whether the pattern is found in ``url``; None when the search ran out of time (or
+        the pattern did too often already)."""
+        if self.stalls >= MAX_STALLS:
+            return None
+        try:
+            return self._compiled.search(url, timeout=MATCH_TIMEOUT) is not None
+        except TimeoutError:
+            self.stalls += 1
+            log.warning("crawl.pattern_stalled", pattern=self.pattern[:200], url=url[:200], stalls=self.stalls,
+                        given_up=self.stalls >= MAX_STALLS)
+            return None
 
 
 @lru_cache(maxsize=1)
@@ -45,8 +82,8 @@ class ScopeRules:
 
     def __init__(self, spec: CrawlSpec, redirected: tuple[str, ...] = ()) -> None:
         self.scope = spec.scope
-        self.include = [re.compile(p) for p in spec.include]
-        self.exclude = [re.compile(p) for p in spec.exclude]
+        self.include = [UrlPattern(p) for p in spec.include]
+        self.exclude = [UrlPattern(p) for p in spec.exclude]
         self.redirected = redirected
         """Where seeds redirected to: seeds of the scope as much as the crawl's own."""
         seeds = [urlsplit(s) for s in (*spec.seeds, *redirected)]
@@ -76,8 +113,8 @@ class ScopeRules:
         """None: follow ``url``; else why not."""
         if not self.in_scope(url):
             return "out_of_scope"
-        if any(p.search(url) for p in self.exclude):
+        if any(p.search(url) is not False for p in self.exclude):  # None: ran out of time
             return "excluded"
-        if self.include and not any(p.search(url) for p in self.include):
+        if self.include and not any(p.search(url) is True for p in self.include):
             return "not_included"
         return None

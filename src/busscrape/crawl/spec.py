@@ -10,11 +10,11 @@ same site renders it again.
 from __future__ import annotations
 
 import hashlib
-import re
 from datetime import datetime
 from typing import Literal
 
 import orjson
+import regex  # the engine crawl.scope runs include/exclude with (Python re syntax, a time bound)
 from pydantic import Field, field_validator
 
 from busscrape.model.messages import Message, TaskOptions, task_key
@@ -76,8 +76,8 @@ class CrawlSpec(Message):
     def _regexes(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
         for pattern in patterns:
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                regex.compile(pattern)
+            except regex.error as exc:
                 raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
         return patterns
 

@@ -24,8 +24,10 @@ from busscrape.bus.retry import TRANSIENT
 from busscrape.bus.scan import kv_latest
 from busscrape.crawl.spec import CrawlSpec
 from busscrape.errors import StorageUnavailable
+from busscrape.lru import Lru
 from busscrape.model.messages import decode, encode
 
+MAX_CRAWLS = 256  # crawls whose rules, scope and task-id tail one process keeps at hand
 SEEDS = "seeds"
 """The page record of the seeds (a page key that is not a task id)."""
 
@@ -34,7 +36,7 @@ class CrawlState:
     def __init__(self, js: JetStreamContext) -> None:
         self._js = js
         self._kv: KeyValue | None = None
-        self._specs: dict[str, CrawlSpec] = {}
+        self._specs: Lru[str, CrawlSpec] = Lru(MAX_CRAWLS)
 
     async def kv(self) -> KeyValue:
         if self._kv is None:
@@ -115,14 +117,22 @@ class CrawlState:
                 return granted, True
             await asyncio.sleep(0)  # another process took slots first: read again
 
-    async def settle(self, crawl_id: str, holder: str, unused: int) -> None:
-        """End ``holder``'s hold: its tasks are created; ``unused`` slots (links another page
-        created in between) go back to the budget."""
+    async def settle(self, crawl_id: str, holder: str, mine: int) -> None:
+        """End ``holder``'s hold: its tasks are created, ``mine`` of them in SEEN now (read there
+        after the creates, whichever go of the page made them); the slots of the hold they did
+        not take (links another page created in between) go back to the budget.
+
+        What goes back is derived from those durable facts, never from what this go created: two
+        goes of one page at once (a redelivery after ``ack_wait`` while the first worker still
+        runs) share one hold, and each of its slots is counted once, by whichever go made the task."""
         kv, key = await self.kv(), f"{crawl_id}.budget"
         while True:
             used, holds, revision = await self._budget(kv, key)
-            if holds.pop(holder, None) is None:
+            hold = holds.pop(holder, None)
+            if hold is None:
                 return  # settled already (by an earlier go of the same page): give nothing back twice
+            granted, before = hold
+            unused = max(0, granted - max(0, mine - before))
             if await self._write_budget(kv, key, max(0, used - unused), holds, revision):
                 return
             await asyncio.sleep(0)

@@ -40,7 +40,7 @@ from nats.js import JetStreamContext, api
 
 from busscrape.bus import names
 from busscrape.bus.retry import TRANSIENT
-from busscrape.bus.scan import ScanStalled, scan, scan_config
+from busscrape.bus.scan import ScanStalled, remove, scan, scan_config
 from busscrape.deadletters.filing import host_of
 from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import DeadLetter, decode, encode, preview, utcnow
@@ -316,9 +316,7 @@ class DeadLetterQueue:
             log.warning("dlq.replay_failed", seq=entry.seq, task_id=task.task_id, error=repr(exc))
             return Outcome(entry.seq, "failed", f"TASKS did not take the task ({exc!r}); the letter stays", entry)
         try:
-            await self.js.delete_msg(names.DEADLETTER_STREAM, entry.seq)
-        except nats.js.errors.NotFoundError:
-            pass  # a concurrent replay or purge removed it first
+            await remove(self.js, names.DEADLETTER_STREAM, entry.seq)  # False: a concurrent replay or purge did
         except TRANSIENT as exc:
             log.warning("dlq.letter_kept", seq=entry.seq, task_id=task.task_id, error=repr(exc))
             return Outcome(entry.seq, "failed", (
@@ -333,9 +331,7 @@ class DeadLetterQueue:
         """Remove one letter for good."""
         if dry_run:
             return Outcome(entry.seq, "would_delete", None, entry)
-        try:
-            await self.js.delete_msg(names.DEADLETTER_STREAM, entry.seq)
-        except nats.js.errors.NotFoundError:
+        if not await remove(self.js, names.DEADLETTER_STREAM, entry.seq):
             return Outcome(entry.seq, "missing", "already gone", entry)
         log.info("dlq.deleted", seq=entry.seq, stage=entry.stage, reason=entry.reason, task_id=entry.task_id)
         return Outcome(entry.seq, "deleted", None, entry)

@@ -1,7 +1,9 @@
 """Turning a found value into its field's type, the same way for every source.
 
 Values land in the record as JSON: ``decimal`` as a string of digits (``"1299.00"``: exact, and
-what Parquet's decimal columns are made from at export), ``date`` and ``datetime`` as ISO 8601,
+what Parquet's decimal columns are made from at export), ``price`` as ``{"amount": "1299.00",
+"currency": "€"}`` (read by Zyte's price-parser: ``"1.299 €"`` is 1299, not 1.299; the currency as
+the page wrote it, a sign or a code, None when it gave none), ``date`` and ``datetime`` as ISO 8601,
 ``url`` resolved against the page (its ``<base href>`` first). A value that does not read as its
 type raises ``NotThatType`` with the value and the type: the engine turns it into a warning, or
 into the failure of a required field.
@@ -14,6 +16,8 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urljoin
+
+from price_parser import Price
 
 from busscrape.extract.definition import FieldType
 
@@ -38,7 +42,11 @@ def coerce(value: Any, kind: FieldType, *, base_url: str, fmt: str | None = None
 
 def number_text(text: str) -> str:
     """The first number in ``text`` with its grouping removed and ``.`` as the decimal point:
-    ``"1.299,00 €"`` → ``"1299.00"``, ``"$1,299"`` → ``"1299"``, ``"12,5"`` → ``"12.5"``."""
+    ``"1.299,00 €"`` → ``"1299.00"``, ``"$1,299"`` → ``"1299"``, ``"12,5"`` → ``"12.5"``. A number
+    with a currency is a price, read as price-parser reads it (``"1.299 €"`` → ``"1299"``)."""
+    price = Price.fromstring(text)
+    if price.currency is not None and price.amount is not None:
+        return str(price.amount)
     found = _NUMBER.search(text)
     if found is None:
         raise ValueError(text)
@@ -91,6 +99,21 @@ def _decimal(value: Any, base_url: str, fmt: str | None) -> str:
     return str(number)
 
 
+def _price(value: Any, base_url: str, fmt: str | None) -> dict[str, str | None]:
+    if isinstance(value, bool):
+        raise TypeError(value)
+    if isinstance(value, int | float):
+        amount, currency = Decimal(str(value)), None
+    else:
+        price = Price.fromstring(str(value))
+        if price.amount is None:
+            raise ValueError(value)
+        amount, currency = price.amount, price.currency
+    if not amount.is_finite():
+        raise ValueError(value)
+    return {"amount": str(amount), "currency": currency}
+
+
 def _date(value: Any, base_url: str, fmt: str | None) -> str:
     text = str(value).strip()
     if fmt:
@@ -130,5 +153,5 @@ def _bool(value: Any, base_url: str, fmt: str | None) -> bool:
     raise ValueError(value)
 
 
-_CONVERTERS = {"str": _str, "int": _int, "float": _float, "decimal": _decimal, "date": _date, "datetime": _datetime,
-               "url": _url, "bool": _bool}
+_CONVERTERS = {"str": _str, "int": _int, "float": _float, "decimal": _decimal, "price": _price, "date": _date,
+               "datetime": _datetime, "url": _url, "bool": _bool}

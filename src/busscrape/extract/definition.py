@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from busscrape.model.messages import EXTRACTOR_NAME
 
-FieldType = Literal["str", "int", "float", "decimal", "date", "datetime", "url", "bool"]
+FieldType = Literal["str", "int", "float", "decimal", "price", "date", "datetime", "url", "bool"]
 SOURCES = ("css", "xpath", "jsonld", "microdata", "opengraph")
 DOM_SOURCES = frozenset({"css", "xpath"})
 NAME = re.compile(EXTRACTOR_NAME)
@@ -95,7 +95,9 @@ class FieldSpec(_Strict):
     def _valid(self) -> FieldSpec:
         given = [s for s in SOURCES if getattr(self, s) is not None]
         if self.any is None:
-            _check(self)
+            # An alternative of ``any`` is parsed before the field it inherits its type from: a
+            # ``format`` without a ``type`` is checked once the type is known (``_check_formats``).
+            _check(self, typed="type" in self.model_fields_set or self.format is None)
             self._alternatives = (self,)
             return self
         if given or self.attr is not None or self.html:
@@ -129,8 +131,8 @@ class FieldSpec(_Strict):
         return 1 + max((f.depth() for alt in self.sources() for f in (alt.fields or {}).values()), default=0)
 
 
-def _check(spec: FieldSpec) -> None:
-    """The rules of a field with one source."""
+def _check(spec: FieldSpec, *, typed: bool = True) -> None:
+    """The rules of a field with one source (``typed``: its type is its own, not inherited yet)."""
     given = [s for s in SOURCES if getattr(spec, s) is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of {', '.join(SOURCES)} (or any)" + (f"; got {', '.join(given)}"
@@ -152,8 +154,8 @@ def _check(spec: FieldSpec) -> None:
         if compiled.groups > 1:
             raise ValueError("regex has more than one group; the value is the first group (use (?:...) for the "
                              "others)")
-    if spec.format is not None and spec.type not in ("date", "datetime"):
-        raise ValueError("format applies to date and datetime fields only")
+    if typed:
+        _check_format(spec)
     if spec.fields is None:
         return
     if spec.type != "str" or spec.regex is not None or spec.attr is not None or spec.html:
@@ -170,6 +172,25 @@ def _check(spec: FieldSpec) -> None:
                 raise ValueError(f"sub-field {name!r}: a {sub_kind} source cannot select within "
                                  f"{'an element' if inner else 'a JSON item'}; use "
                                  f"{'css or xpath' if inner else 'a path of the same source: ' + kind}")
+
+
+def _check_format(spec: FieldSpec) -> None:
+    if spec.format is not None and spec.type not in ("date", "datetime"):
+        raise ValueError("format applies to date and datetime fields only")
+
+
+def _check_formats(spec: FieldSpec) -> None:
+    """``_check_format`` on every source of a field and its sub-fields, types inherited."""
+    for number, alt in enumerate(spec.sources()):
+        try:
+            _check_format(alt)
+        except ValueError as exc:
+            raise ValueError(f"any[{number}]: {exc}" if spec.any else str(exc)) from None
+        for name, sub in (alt.fields or {}).items():
+            try:
+                _check_formats(sub)
+            except ValueError as exc:
+                raise ValueError(f"sub-field {name!r}: {exc}") from None
 
 
 class Extractor(_Strict):
@@ -195,6 +216,10 @@ class Extractor(_Strict):
     def _fields(cls, fields: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         for name, spec in fields.items():
             _check_field_name(name)
+            try:
+                _check_formats(spec)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
             if spec.depth() > MAX_DEPTH:
                 raise ValueError(f"{name}: sub-fields nested more than {MAX_DEPTH} deep")
         return fields

@@ -32,7 +32,14 @@ MAX_VALUES = 1000
 """Values one ``multiple`` field keeps; more are dropped with a warning (a hostile page can repeat
 an element a million times)."""
 MAX_WARNINGS = 20
-_TEXT = "descendant-or-self::text()[not(ancestor::script) and not(ancestor::style)]"
+_SKIPPED = frozenset({"script", "style", "template", "noscript"})
+_BLOCK = frozenset({
+    "address", "article", "aside", "blockquote", "br", "dd", "details", "dialog", "div", "dl", "dt", "fieldset",
+    "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li", "main",
+    "nav", "ol", "p", "pre", "section", "summary", "table", "tbody", "td", "tfoot", "th", "thead", "tr", "ul",
+    "option", "img"})
+"""Elements whose edges separate words, as a browser's ``innerText`` does; inline ones
+(``sup``, ``b``, ``span`` …) do not: ``Nordlicht<sup>®</sup>`` is one word."""
 _SPACE = re.compile(r"\s+")
 
 
@@ -223,7 +230,35 @@ def _raw(source: FieldSpec, node: Any) -> Any:
     if source.html:
         inner = html_lib.escape(root.text or "", quote=False)
         return inner + "".join(etree.tostring(child, encoding="unicode", method="html") for child in root)
-    return _SPACE.sub(" ", " ".join(node.xpath(_TEXT).getall())).strip()
+    return _SPACE.sub(" ", _text(root)).strip()
+
+
+def _text(root: etree._Element) -> str:
+    """The element's text as a reader sees it: its text nodes in order, joined as they stand in
+    the page, with a space at the edges of block elements (whitespace is normalised after).
+    Iterative: a hostile page's nesting depth costs no recursion."""
+    parts: list[str] = []
+    skipping = 0  # inside a script, a style …: their text is no one's to read
+    for event, element in etree.iterwalk(root, events=("start", "end", "comment", "pi")):
+        if not isinstance(element.tag, str):  # a comment or processing instruction: only its tail
+            if not skipping and element is not root:
+                parts.append(element.tail or "")
+            continue
+        tag = element.tag.lower()
+        unread = tag in _SKIPPED
+        if event == "start":
+            skipping += unread
+            if not skipping:
+                parts.append(" " if tag in _BLOCK else "")
+                parts.append(element.text or "")
+            continue
+        skipping -= unread
+        if skipping:
+            continue
+        parts.append(" " if tag in _BLOCK else "")
+        if element is not root:
+            parts.append(element.tail or "")
+    return "".join(parts)
 
 
 def _warn(outcome: Outcome, text: str) -> None:

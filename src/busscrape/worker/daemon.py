@@ -154,7 +154,7 @@ class Worker(PullService):
         if not self.settings.worker.reaper:
             return []
         return [Reaper(self.bus, self.attempts, self.artifacts, grace_period=self.grace_period,
-                       telemetry=self.telemetry)]
+                       telemetry=self.telemetry, frontier=lambda: self.frontier)]
 
     async def background(self) -> list[asyncio.Task[Any]]:
         info = await patiently(lambda: self.bus.js.consumer_info(self.stream, self.durable), what="TASKS/workers")
@@ -412,7 +412,9 @@ class Worker(PullService):
                 raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}") from None
         try:
             async with asyncio.timeout(self.settings.worker.task_timeout):
-                return await self.renderer.render(task, slot.start_or_defer, follow=follow)
+                # The slot's lease lost (expired while NATS was away, taken by another worker): the
+                # render stops, and the task comes back later (LeaseLost is a deferral).
+                return await slot.guard(self.renderer.render(task, slot.start_or_defer, follow=follow))
         except TimeoutError:
             raise NavigationTimeout(f"task took longer than task_timeout "
                                     f"{self.settings.worker.task_timeout:.0f}s", reason="task_timeout") from None

@@ -23,7 +23,9 @@ import contextlib
 import random
 import re
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import nats.js.errors
 import orjson
@@ -35,9 +37,10 @@ from busscrape.bus import names
 from busscrape.bus.retry import TRANSIENT
 from busscrape.bus.scan import kv_latest
 from busscrape.worker.host_rules import HostRules, Limit
-from busscrape.worker.leases import Lease, take
+from busscrape.worker.leases import Deferred, Lease, Wait, take
 
 log = structlog.get_logger("busscrape.worker")
+T = TypeVar("T")
 
 _PLAIN = re.compile(r"[a-z0-9-]")
 
@@ -71,27 +74,12 @@ async def _nothing() -> None:
     return None
 
 
-@dataclass(frozen=True)
-class Wait:
-    """Not now: come back after ``seconds``; ``why`` is ``cooling``, ``busy`` or ``delay``."""
-
-    seconds: float
-    why: str
-
-
-class Deferred(Exception):
-    """Raised from inside a render whose host start was taken by another worker meanwhile."""
-
-    def __init__(self, wait: Wait) -> None:
-        super().__init__(f"host busy ({wait.why}); back in {wait.seconds:.2f}s")
-        self.wait = wait
-
-
 class Slot(Lease):
     """One held host slot (a lease on ``slot.<host>.<i>``) and the host's limit."""
 
-    def __init__(self, kv: KeyValue, key: str, revision: int, ttl: float, *, token: str, limit: Limit) -> None:
-        super().__init__(kv, key, revision, ttl)
+    def __init__(self, kv: KeyValue, key: str, revision: int, value: bytes, ttl: float, *, token: str,
+                 limit: Limit) -> None:
+        super().__init__(kv, key, revision, value, ttl)
         self.token, self.limit = token, limit
 
     async def start(self) -> float:
@@ -116,7 +104,9 @@ class Slot(Lease):
                 continue  # another worker took this start: look again
 
     async def start_or_defer(self) -> None:
-        """``start``, raising ``Deferred`` when the start is not this worker's to take now."""
+        """``start``, raising ``Deferred`` when the start is not this worker's to take now (nor
+        the slot: ``LeaseLost``)."""
+        self.check()
         if (left := await self.start()) > 0:
             raise Deferred(Wait(left, "delay"))
 
@@ -132,6 +122,9 @@ class Unlimited:
 
     async def start_or_defer(self) -> None:
         return None
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        return await work
 
     async def release(self) -> None:
         return None
@@ -152,7 +145,8 @@ class FleetGate:
         self.busy_retry = busy_retry
         self.ttl = ttl
         self.cooling: dict[str, Cooling] = {}
-        """Hosts cooling now, by host (kept current by ``watch_cooling``)."""
+        """Hosts cooling now, by host (kept current by ``watch_cooling``; a cooling that ran out
+        is forgotten by ``_forget_cooled``: COOLING's ``max_age`` expiry sends no delete event)."""
         self._hosts: KeyValue | None = None
         self._cool: KeyValue | None = None
         self.deferred = 0
@@ -196,15 +190,26 @@ class FleetGate:
 
     def _cooling_left(self, host: str) -> float:
         cooling = self.cooling.get(host)
-        return cooling.until - time.time() if cooling is not None else 0.0
+        if cooling is None:
+            return 0.0
+        left = cooling.until - time.time()
+        if left <= 0:
+            self.cooling.pop(host, None)
+        return left
+
+    def _forget_cooled(self) -> None:
+        """Drop the coolings that ran out (on every change: the map holds only hosts cooling now)."""
+        now = time.time()
+        for host in [h for h, c in self.cooling.items() if c.until <= now]:
+            del self.cooling[host]
 
     async def _take_slot(self, kv: KeyValue, token: str, limit: Limit) -> Slot | None:
         # From a random slot on, so workers do not all fight over slot 0 first.
         first = random.randrange(limit.concurrency)
         for i in range(limit.concurrency):
             key = f"slot.{token}.{(first + i) % limit.concurrency}"
-            if (revision := await take(kv, key, self.holder)) is not None:
-                return Slot(kv, key, revision, self.ttl, token=token, limit=limit)
+            if (taken := await take(kv, key, self.holder)) is not None:
+                return Slot(kv, key, *taken, self.ttl, token=token, limit=limit)
         return None
 
     # -- cooling -------------------------------------------------------------------------------
@@ -219,6 +224,7 @@ class FleetGate:
         current = self.cooling.get(host)
         if current is not None and current.until >= cooling.until:
             return
+        self._forget_cooled()
         self.cooling[host] = cooling  # this worker at once, the others through their watch
         with contextlib.suppress(*TRANSIENT):
             await kv.put(host_token(host), cooling.encode())
@@ -235,6 +241,7 @@ class FleetGate:
                         continue
                     host = host_of(entry.key)
                     cooling = Cooling.decode(host, entry.value) if entry.operation is None else None
+                    self._forget_cooled()
                     if cooling is None:
                         self.cooling.pop(host, None)
                     else:

@@ -9,12 +9,16 @@ task ``dead`` in STATUS, then deletes the task from TASKS, then acks the advisor
 order, so a crash or a lost record at any point repeats the work idempotently (same
 ``Nats-Msg-Id`` as the worker would use). A task whose last delivery did finish (its result is in
 RESULTS, or STATUS records its outcome, and the worker died before the ack) gets no letter: it is
-removed from TASKS as done, so STATUS never goes from ``archived`` to ``dead``.
+removed from TASKS as done, so STATUS never goes from ``archived`` to ``dead``. A crawl page
+among those may have died before its links were followed: the reaper follows them (from the
+links kept before the result), or gives them up (``Frontier.give_up``: the page record says
+``follow_failed``, the budget slots it held go back), so the crawl still ends.
 """
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import nats.js.errors
 import orjson
@@ -28,13 +32,17 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
 from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.scan import remove
 from busscrape.deadletters import filing
-from busscrape.errors import MessageDecodeError, StorageUnavailable
+from busscrape.errors import MessageDecodeError, RetryableError, StorageUnavailable
 from busscrape.model.messages import DeadLetter, MessageSource, ScrapeTask, decode
 from busscrape.status.records import FINAL, StatusBoard, TaskStatus
 from busscrape.status.standing import standing_results
 from busscrape.telemetry.metrics import Telemetry
 from busscrape.worker.attempts import AttemptLog
+
+if TYPE_CHECKING:
+    from busscrape.crawl.frontier import Frontier
 
 log = structlog.get_logger("busscrape.reaper")
 
@@ -46,7 +54,7 @@ class Reaper(PullService):
     durable = names.REAPER_CONSUMER
 
     def __init__(self, bus: Bus, attempts: AttemptLog, artifacts: ArtifactStore, *, grace_period: float = 30.0,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, frontier: Callable[[], Frontier] | None = None) -> None:
         # Advisories are rare (a worker died on a last delivery): one slot; a failed reap comes back
         # after 5 s, then later, while NATS is away.
         super().__init__(bus, concurrency=1, grace_period=grace_period, backoff=(5.0, 60.0),
@@ -54,6 +62,8 @@ class Reaper(PullService):
         self.attempts = attempts
         self.board = StatusBoard(bus.js)
         self.artifacts = artifacts
+        self._frontier = frontier
+        """The worker's frontier, made on first use (for the links of a crawl page that finished)."""
 
     async def handle(self, msg: Msg) -> None:
         try:
@@ -131,14 +141,32 @@ class Reaper(PullService):
     async def _finished(self, advisory: Msg, raw: RawStreamMsg, seq: int, deliveries: int) -> None:
         """The task is done: what its attempts left is cleaned up, and it leaves TASKS unreported."""
         task = decode(ScrapeTask, raw.data or b"")
+        if task.crawl is not None:
+            await self._links(task)
         await leftovers.sweep(self.bus.js, self.artifacts, task, seq, range(1, max(deliveries, 1) + 1))
         await self._remove(seq, task.task_id)
         await advisory.ack_sync()
         self.count("finished")
         log.info("reaper.finished", task_id=task.task_id, seq=seq, deliveries=deliveries)
 
+    async def _links(self, task: ScrapeTask) -> None:
+        """Follow a finished crawl page's links, or give them up: its last delivery died before
+        (no delivery will come again to do it). NATS not answering: the advisory comes back."""
+        if self._frontier is None:
+            raise StorageUnavailable("this reaper has no frontier to follow a crawl page's links with")
+        frontier = self._frontier()
+        try:
+            if await frontier.follow(task):
+                return
+            why: Exception = RetryableError("no links were kept for the page before its last delivery died",
+                                            reason="links_not_kept")
+        except StorageUnavailable:
+            raise  # CRAWLS not answering: the advisory comes back
+        except RetryableError as exc:  # robots.txt of a linked host unreachable: the page had its chances
+            why = exc
+        await frontier.give_up(task, why)
+
     async def _remove(self, seq: int, task_id: str | None) -> None:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await self.bus.js.delete_msg(names.TASKS_STREAM, seq)
+        await remove(self.bus.js, names.TASKS_STREAM, seq)  # False: acked or reaped meanwhile
         if task_id:
             await self.attempts.clear(task_id, seq)

@@ -121,7 +121,9 @@ class Renderer:
         if rule is not None and (stored is None or stored.expires_at <= time.time()):
             lease, stored = await self._claim_login(rule_name(task), stored)
         try:
-            return await self._render_in_tab(task, before_navigation, rule, follow, stored)
+            rendering = self._render_in_tab(task, before_navigation, rule, follow, stored)
+            # A login lease lost (expired, another worker logs in now) stops this login and render.
+            return await (lease.guard(rendering) if lease is not None else rendering)
         finally:
             if lease is not None:
                 await lease.release()

@@ -179,10 +179,10 @@ class Sessions:
                 self._hosts = await self._js.key_value(names.HOSTS_BUCKET)
                 self._ttl = (await self._hosts.status()).ttl or self._ttl
             key = f"login.{host_token(name)}"
-            revision = await take(self._hosts, key, self.holder)
+            taken = await take(self._hosts, key, self.holder)
         except TRANSIENT as exc:
             raise StorageUnavailable(f"cannot take the login lease of session {name}: {exc!r}") from None
-        return None if revision is None else Lease(self._hosts, key, revision, self._ttl)
+        return None if taken is None else Lease(self._hosts, key, *taken, self._ttl)
 
     def rule(self, name: str) -> SessionRule:
         for rule in self.rules:
