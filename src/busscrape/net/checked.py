@@ -61,6 +61,18 @@ def refusal(exc: BaseException) -> str | None:
     return str(cause) if isinstance(cause, AddressRefused) else None
 
 
+async def read_up_to(stream: aiohttp.StreamReader, max_bytes: int) -> bytes:
+    """The body's first ``max_bytes``, or all of it if shorter. ``StreamReader.read(n)`` returns
+    what is buffered now (one network chunk, often 16 KiB), not ``n`` bytes: a robots.txt read
+    that way loses the rules at its end, a sitemap its later URLs."""
+    parts: list[bytes] = []
+    left = max_bytes
+    while left > 0 and (chunk := await stream.read(left)):
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
 @dataclass(frozen=True)
 class Fetched:
     url: str
@@ -82,7 +94,7 @@ async def fetch(http: aiohttp.ClientSession, policy: NetworkPolicy, url: str, ma
                 if response.status in REDIRECTS and "location" in response.headers:
                     url = urljoin(url, response.headers["location"])
                     continue
-                body = await response.content.read(max_bytes)
+                body = await read_up_to(response.content, max_bytes)
                 return Fetched(url, response.status, response.reason or "", dict(response.headers), body)
         except aiohttp.ClientConnectorError as exc:
             if (why := refusal(exc)) is not None:
