@@ -60,3 +60,17 @@ class BusClient(TlsEnforcingClient):
 
     def jetstream(self, **opts: Any) -> BusJetStream:
         return BusJetStream(self, **opts)
+
+
+HEADROOM = 1024
+"""Bytes left for a write's subject and headers (expected revision, TTL, message id)."""
+
+
+def room(js: JetStreamContext, configured: int) -> int:
+    """Bytes a KV value or message may take: the smaller of the stream's ``configured`` limit
+    (``streams.max_msg_size``, which buckets take as ``max_value_size``) and the server's
+    ``max_payload``, less ``HEADROOM``. What a page controls is cut to this before it is written."""
+    from busscrape.bus.compat import connection_of
+
+    server = connection_of(js).max_payload or configured
+    return max(min(configured, server) - HEADROOM, 0)
