@@ -41,3 +41,33 @@ async def test_a_page_of_many_long_links_is_archived_once_with_its_links_cut_to_
     assert 2000 < kept < LINKS and record["links_cut"] == LINKS - kept
     assert record["counts"]["budget_cut"] == kept  # max_pages=1: the seed took the budget
     assert await state.links(spec.crawl_id, index) is None
+
+
+async def test_a_seed_record_over_the_value_limit_is_written_in_parts_and_the_crawl_runs(bus, tmp_path, nats_url,
+                                                                                       site):
+    """3,000 sitemap seeds under a 64 KiB CRAWLS value limit (as ~29,000 under the default 1 MiB):
+    the seed record lists every task id, across parts; a second start resumes with the same."""
+    from busscrape.bus import provision, topology
+    from busscrape.crawl.frontier import Frontier
+    from busscrape.crawl.progress import summarise
+    from busscrape.crawl.run import crawl_status
+    from busscrape.crawl.state import SEEDS
+    from busscrape.net.policy import NetworkPolicy
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, nats_url, streams={"max_msg_size": "64KiB"},
+                             network={"allow": [f"{h}/32" for h in site.hosts]})
+    await provision.apply(bus.js, topology.load(settings))
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", depth=0)
+    extra = [site.url(f"/s/{i}") for i in range(3000)]
+    frontier = Frontier(bus.js, settings, NetworkPolicy.from_settings(settings.network.allow))
+    record = await frontier.seed(spec, extra)
+    assert record["counts"]["queued"] == 3001 and len(record["queued"]) == 3001 and record["parts"] > 1
+    assert set(record["queued"]) == {crawl_task_id(spec.crawl_id, u) for u in (spec.seeds[0], *extra)}
+    again = await Frontier(bus.js, settings, NetworkPolicy.from_settings(settings.network.allow)).seed(spec, extra)
+    assert again["queued"] == record["queued"]  # resumed: the record as it stands
+    pages = await CrawlState(bus.js).pages(spec.crawl_id)
+    assert summarise(spec.crawl_id, pages).pages_followed == 0 and SEEDS in pages
+    assert sum(len(r["queued"]) for r in pages.values()) == 3001  # every id once, head and parts
+    summary = await crawl_status(bus, spec.crawl_id)
+    assert summary is not None and summary.links["queued"] == 3001
