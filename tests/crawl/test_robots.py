@@ -62,3 +62,16 @@ async def test_every_redirect_hop_of_the_robots_fetch_is_asked_of_the_policy(app
     assert await robots.allowed("c2", site.url("/page"), "busscrape") is True
     assert site.hits[(site.hosts[0], "/elsewhere.txt")] == 0
     assert site.hits[(site.hosts[0], "/robots.txt")] == 2
+
+
+async def test_a_robots_txt_that_grows_past_a_value_once_escaped_is_cut_to_fit(applied, site):
+    """500 KiB of control bytes after the rules: 3 MB as JSON (``\\u0001`` each), over the 1 MiB
+    CRAWLS value. Stored cut to fit, the record says how much; the rules at its start hold."""
+    body = "User-agent: *\nDisallow: /secret\n" + "\x01" * (500 * 1024 - 40)
+    site.page("/robots.txt", body, headers={"Content-Type": "text/plain"})
+    state = CrawlState(applied.js)
+    robots = Robots(state, NetworkPolicy.from_settings([f"{site.hosts[0]}/32"]))
+    assert await robots.allowed("c1", site.url("/secret"), "busscrape") is False
+    record = await state.robots("c1", _key(f"http://{site.origin()}"))
+    assert record is not None and record["cut"] > 0 and len(record["body"]) + record["cut"] == len(body)
+    assert await Robots(state, robots.policy).allowed("c1", site.url("/secret"), "busscrape") is False  # from KV

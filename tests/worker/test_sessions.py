@@ -180,3 +180,30 @@ def test_a_bad_sessions_file_names_the_rule(tmp_path):
     path.write_text('[[session]]\nname = "x"\nlogin_url = "http://h/"\nlogin_steps = [{action = "fly"}]\n')
     with pytest.raises(ConfigurationError, match=r"#1 \(x\)"):
         read_rules(path)
+
+
+@pytest.mark.browser
+async def test_a_session_whose_storage_is_over_a_value_keeps_its_cookies_and_the_page(bus, wsettings, site,  # noqa: F811
+                                                                                    tmp_path):
+    """The page fills 1.5 MB of localStorage: the session's storage_state is over the 1 MiB
+    SESSIONS value. The page is archived (no retry, no dead letter) and the session kept without
+    its origins' storage: its cookie (the login) carries on to the next task."""
+    seen = login_site(site)
+
+    @site.route("/hoard")
+    async def hoard(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="<title>hoard</title><a id=logout>out</a>"
+                                 "<script>localStorage.setItem('big', 'x'.repeat(1500000))</script>",
+                            content_type="text/html")
+
+    s = wsettings.with_overrides(worker={"concurrency": 1, "sessions_file": str(sessions_file(tmp_path, site))})
+    await provision.apply(bus.js, topology.load(s))
+    await enqueue(bus.js, site.url("/hoard"), options=TaskOptions(session="shop-9", artifacts=("html",)))
+    await enqueue(bus.js, site.url("/private?n=after"), options=TaskOptions(session="shop-9", artifacts=("html",)))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert await dead_letters(bus.js) == []
+    assert sorted(r.title for r in await results(bus.js)) == ["hoard", "secret of alice"]
+    assert seen["logins"] == 1 and site.hits[(site.hosts[0], "/hoard")] == 1
+    stored = await SessionStore(bus.js).get("shop-9")
+    assert stored is not None and stored.state["origins"] == [] and stored.state["cookies"]

@@ -21,6 +21,7 @@ from typing import Any
 
 import nats.js.errors
 from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from busscrape.bus.compat import TlsEnforcingClient, encode_headers
 from busscrape.errors import PayloadTooLarge
@@ -74,3 +75,9 @@ def room(js: JetStreamContext, configured: int) -> int:
 
     server = connection_of(js).max_payload or configured
     return max(min(configured, server) - HEADROOM, 0)
+
+
+async def kv_room(js: JetStreamContext, kv: KeyValue) -> int:
+    """Bytes a value of bucket ``kv`` may take: its own ``max_value_size`` and the server's."""
+    configured = (await kv.status()).stream_info.config.max_msg_size or 0
+    return room(js, configured if configured > 0 else 1 << 62)

@@ -182,9 +182,7 @@ class CrawlState:
     async def room(self) -> int:
         """Bytes a CRAWLS value may take (the bucket's own limit, and the server's)."""
         if self._room is None:
-            kv = await self.kv()
-            configured = (await kv.status()).stream_info.config.max_msg_size or 0
-            self._room = payloads.room(self._js, configured if configured > 0 else 1 << 62)
+            self._room = await payloads.kv_room(self._js, await self.kv())
         return self._room
 
     async def pages(self, crawl_id: str) -> dict[str, dict[str, Any]]:

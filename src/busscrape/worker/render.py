@@ -211,7 +211,8 @@ class Renderer:
                           (stored.logins + 1) if stored is not None else 1)
         else:
             kept = Stored(task.options.session, state, stored.logged_in_at, stored.expires_at, proxy, stored.logins)
-        await self.sessions.store.put(kept)
+        if (left_out := await self.sessions.store.put(kept)) is not None:
+            log.warning("session.too_large", session=kept.name, left_out=left_out)
 
     async def _proxy_for(self, task: ScrapeTask, prefer: str | None = None) -> tuple[Upstream | None, str | None]:
         """The task's upstream proxy (``net/proxies.py``) and the egress listener in front of it."""
