@@ -156,6 +156,30 @@ async def test_bodies_over_the_caps_are_cut_and_marked(browser, traffic, tmp_pat
                               if "urn:" not in n["url"])
 
 
+async def test_request_bodies_count_against_the_pages_warc(browser, site, tmp_path):
+    """Twenty POSTs of 100 KB under max_warc_bytes 300 KB: the WARC's bodies, requests' as
+    responses', stay within it; the cut ones say so."""
+    site.page("/", "<title>posts</title><div id=out></div><script>(async () => {"
+                   "for (let i = 0; i < 20; i++) await fetch('/up', {method: 'POST', body: 'p'.repeat(100000)});"
+                   "document.getElementById('out').textContent = 'sent'})()</script>")
+
+    @site.route("/up")
+    async def up(request):
+        await request.read()
+        return web.Response(text="ok")
+
+    path = tmp_path / "page.warc.gz"
+    warc = await record(browser, site.url("/"), path, settle_js="document.getElementById('out').textContent",
+                        max_body_bytes=1 << 20, max_total_bytes=300_000)
+    assert warc_tool("warcio", "check", str(path)).returncode == 0
+    recs = records(path)
+    posts = [r for r in by_type(recs, "request") if r[1]["WARC-Target-URI"].endswith("/up")]
+    assert len(posts) == 20
+    assert sum(len(r[3]) for r in recs if r[0] in ("request", "response", "resource")) <= 300_000
+    assert any(r[1].get("WARC-Truncated") == "length" for r in posts)
+    assert any("request body cut" in n["note"] for n in warc.notes)
+
+
 # -- hostile pages ------------------------------------------------------------------------------
 
 

@@ -318,11 +318,17 @@ class WarcRecorder:
         headers = _header_list(list(request.headers.items()), decoded=False)
         if not any(name.lower() == "host" for name, _ in headers):
             headers.insert(0, ("Host", parts.netloc))
-        post = (request.post_data_buffer or b"")[: self.max_body_bytes]
+        sent = request.post_data_buffer or b""
+        post = sent[: self._room(len(sent))]  # a request body counts against the page's WARC as a response's does
+        warc_headers = {}
+        if len(post) < len(sent):
+            warc_headers["WARC-Truncated"] = "length"
+            self.counts["truncated"] += 1
+            self.note(url, f"request body cut at {len(post)} of {len(sent)} bytes (max_warc_body_bytes, max_warc_bytes)")
         http = StatusAndHeaders(bounds.cut(f"{request.method} {target} HTTP/1.1", bounds.MAX_URL + 20), headers,
                                 is_http_request=True)
         return self._writer.create_warc_record(url, "request", payload=BytesIO(post), length=len(post),
-                                               http_headers=http)
+                                               http_headers=http, warc_headers_dict=warc_headers)
 
     def _write_pair(self, request: Any, response: Any) -> None:
         with self._lock:
