@@ -324,7 +324,7 @@ class WarcRecorder:
         if len(post) < len(sent):
             warc_headers["WARC-Truncated"] = "length"
             self.counts["truncated"] += 1
-            self.note(url, f"request body cut at {len(post)} of {len(sent)} bytes (max_warc_body_bytes, max_warc_bytes)")
+            self.note(url, f"request body cut at {len(post)} of {len(sent)} bytes (max_warc_bytes)")
         http = StatusAndHeaders(bounds.cut(f"{request.method} {target} HTTP/1.1", bounds.MAX_URL + 20), headers,
                                 is_http_request=True)
         return self._writer.create_warc_record(url, "request", payload=BytesIO(post), length=len(post),
