@@ -134,9 +134,12 @@ async def test_a_page_as_warc_passes_warcio_check_and_indexes(browser, traffic, 
     assert meta[1]["WARC-Target-URI"].startswith("urn:pageinfo:")  # never taken for a capture of the page
 
 
-async def test_revisits_span_pages_of_one_worker(browser, traffic, tmp_path):
+async def test_revisits_span_pages_of_one_worker_once_the_first_is_handed_over(browser, traffic, tmp_path):
     payloads = PayloadIndex()
-    await record(browser, traffic.url("/a.css"), tmp_path / "one.warc.gz", payloads=payloads)
+    first = await record(browser, traffic.url("/a.css"), tmp_path / "one.warc.gz", payloads=payloads)
+    await record(browser, traffic.url("/b.css"), tmp_path / "alone.warc.gz", payloads=payloads)
+    assert not by_type(records(tmp_path / "alone.warc.gz"), "revisit")  # the first page's result does not stand yet
+    payloads.add(first.stored)  # what the worker does once the first page's result stands
     await record(browser, traffic.url("/b.css"), tmp_path / "two.warc.gz", payloads=payloads)
     assert not by_type(records(tmp_path / "one.warc.gz"), "revisit")
     [revisit] = by_type(records(tmp_path / "two.warc.gz"), "revisit")

@@ -89,7 +89,8 @@ class Renderer:
         self.capturer = Capturer(settings, browser_version=lambda: pool.version)
         self._chores: set[asyncio.Future[Any]] = set()
         self.payloads = PayloadIndex()
-        """The payloads this worker's WARCs hold: a later page's identical ones are revisits."""
+        """The payloads of the archived WARCs of this worker: with ``warc_revisits = "worker"`` a
+        later page's identical ones are revisits (the worker adds a page's once its result stands)."""
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run a page chore (close an oversize page) without waiting; failures do not matter."""
@@ -260,7 +261,8 @@ class Renderer:
             watch.listeners.extend(watch.har.listeners())
         if "warc" in opts.artifacts:
             watch.warc = WarcRecorder(page, max_body_bytes=self.settings.max_warc_body_bytes,
-                                      max_total_bytes=self.settings.max_warc_bytes, payloads=self.payloads,
+                                      max_total_bytes=self.settings.max_warc_bytes,
+                                      payloads=self.payloads if self.settings.warc_revisits == "worker" else None,
                                       browser_version=self.pool.version)
             watch.listeners.extend(watch.warc.listeners())
         return watch

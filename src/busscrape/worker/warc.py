@@ -5,7 +5,8 @@ record can be read from its offset, as every WARC index expects)::
 
     warcinfo                     software, format, browser
     response + request           per request, paired by WARC-Concurrent-To (request → response)
-    revisit                      a response whose payload this worker stored already
+    revisit                      a response whose payload is stored already: earlier in this WARC,
+                                 or (``warc_revisits = "worker"``) in an archived page of this worker
                                  (identical-payload-digest: no body, refers to the first one)
     metadata urn:pageinfo:<url>  the page: task, final URL, status, title, timings, and a note for
                                  every body that is not (fully) there and why
@@ -73,8 +74,9 @@ class PayloadIndex:
     """The payloads one worker stored already: digest → (URI, WARC-Date) of the first record.
 
     Bounded (least recently seen forgotten): a worker runs for days. A page's payloads join only
-    once the page was captured (``WarcRecorder.finish``), so a revisit refers to a record in a
-    WARC that was handed over, not to one of a page that failed before its capture.
+    once its result stands in RESULTS (the worker adds ``Rendered.warc_payloads`` after the
+    PubAck), so a revisit never refers to a record of a page that failed after its capture (a
+    refused result, an extraction that failed, a duplicate): that WARC is never archived.
     """
 
     def __init__(self, most: int = 100_000) -> None:
@@ -174,6 +176,7 @@ class WarcRecorder:
         self._responses: dict[Request, Response] = {}
         self._recording: dict[asyncio.Future[None], str] = {}
         self._seen: dict[str, tuple[str, str]] = {}
+        """digest → (URI, WARC-Date) of the full responses this WARC holds (``stored``)."""
         self.reserved = 0
         """Payload bytes the page's records hold or are about to (against ``max_total_bytes``)."""
         self.notes: list[dict[str, str]] = []
@@ -194,6 +197,11 @@ class WarcRecorder:
     def listeners(self) -> list[tuple[str, Any]]:
         """The page listeners this recorder added (to remove when the task leaves the tab)."""
         return list(self._listeners)
+
+    @property
+    def stored(self) -> dict[str, tuple[str, str]]:
+        """The payloads this WARC holds in full: digest → (URI, WARC-Date) of the record."""
+        return dict(self._seen)
 
     def close(self) -> None:
         """Drop the temporary file (when the render fails before ``finish``)."""
@@ -354,7 +362,8 @@ class WarcRecorder:
     async def finish(self, page: dict[str, Any], resources: list[Resource]) -> IO[bytes]:
         """Settle, add the page's metadata and resources, and return the WARC file (at its start).
 
-        The page's payloads join the worker's ``PayloadIndex`` from here on.
+        The page's payloads (``stored``) join the worker's ``PayloadIndex`` only once the
+        page's result stands: that is for the worker to say, not the recorder.
         """
         await self.settle()
         concurrent = {"WARC-Concurrent-To": self.main_record_id} if self.main_record_id else {}
@@ -377,7 +386,6 @@ class WarcRecorder:
                                                      length=len(data), warc_content_type=resource.content_type,
                                                      warc_headers_dict=headers)
             await asyncio.to_thread(self._write, record)
-        self.payloads.add(self._seen)
         self._spool.flush()
         self._spool.seek(0)
         return self._spool
