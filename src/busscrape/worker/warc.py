@@ -53,7 +53,7 @@ from warcio.warcwriter import WARCWriter
 
 from busscrape import __version__
 from busscrape.model import bounds
-from busscrape.worker.har import CREDENTIAL_HEADERS, MASKED
+from busscrape.worker.har import MASKED, masked_headers, wire_headers
 
 WARC_VERSION = "1.1"
 GZIP_LEVEL = 1  # warcio's own is 9: several times the CPU for a few per cent
@@ -130,9 +130,9 @@ class Resource:
     data: bytes
 
 
-def _header_list(pairs: list[tuple[str, str]], *, decoded: bool) -> list[tuple[str, str]]:
+def _header_list(pairs: list[tuple[str, str]], *, decoded: bool, masked: frozenset[str]) -> list[tuple[str, str]]:
     """HTTP headers as a list: values with newlines split (Playwright joins repeated headers so,
-    which would end the header block early); credentials masked as in the HAR; framing renamed."""
+    which would end the header block early); ``masked`` ones masked as in the HAR; framing renamed."""
     out = []
     for name, value in pairs:
         lower = name.lower()
@@ -141,7 +141,7 @@ def _header_list(pairs: list[tuple[str, str]], *, decoded: bool) -> list[tuple[s
                 out.append(("X-Archive-Orig-Content-Encoding", value.replace("\n", ", ")))
             continue
         for one in value.split("\n"):
-            out.append((name, MASKED if lower in CREDENTIAL_HEADERS else one.replace("\r", "")))
+            out.append((name, MASKED if lower in masked else one.replace("\r", "")))
     return out
 
 
@@ -153,20 +153,13 @@ async def _encoded_size(request: Request) -> int:
         return 0
 
 
-async def _response_headers(response: Response) -> list[tuple[str, str]]:
-    """The headers as received, Set-Cookie among them (``Response.headers`` leaves it out)."""
-    try:
-        return [(h["name"], h["value"]) for h in await response.headers_array()]
-    except Exception:
-        return list(response.headers.items())
-
-
 class WarcRecorder:
     """Records one page's traffic as WARC records into a temporary file; ``finish()`` returns it."""
 
     def __init__(self, page: Page, *, max_body_bytes: int, max_total_bytes: int,
-                 payloads: PayloadIndex | None = None, browser_version: str = "") -> None:
+                 payloads: PayloadIndex | None = None, browser_version: str = "", mask_cookies: bool = False) -> None:
         self.max_body_bytes = max_body_bytes
+        self.masked = masked_headers(mask_cookies)
         self.max_total_bytes = max_total_bytes
         self.payloads = payloads if payloads is not None else PayloadIndex()
         self._page = page
@@ -290,7 +283,7 @@ class WarcRecorder:
         status = response.status
         phrase = response.status_text or (HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_
                                           else "")
-        headers = _header_list(await _response_headers(response), decoded=True)
+        headers = _header_list(await wire_headers(response), decoded=True, masked=self.masked)
         headers.append(("Content-Length", str(len(body))))
         http = StatusAndHeaders(f"{status} {phrase}".strip(), headers, protocol="HTTP/1.1")
         warc_headers = {}
@@ -312,7 +305,7 @@ class WarcRecorder:
             if not truncated and len(body) >= MIN_REVISIT:
                 self._seen.setdefault(digest, (url, record.rec_headers.get_header("WARC-Date")))
         self.counts["responses"] += 1
-        req = self._request_record(request, url)
+        req = self._request_record(request, url, await wire_headers(request))
         if request.is_navigation_request() and request.frame == self._page.main_frame:
             self.main_record_id = record.rec_headers.get_header("WARC-Record-ID")
         if len(body) < _INLINE:
@@ -320,10 +313,10 @@ class WarcRecorder:
         else:
             await asyncio.to_thread(self._write_pair, req, record)
 
-    def _request_record(self, request: Request, url: str) -> Any:
+    def _request_record(self, request: Request, url: str, sent: list[tuple[str, str]]) -> Any:
         parts = urlsplit(request.url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        headers = _header_list(list(request.headers.items()), decoded=False)
+        headers = _header_list(sent, decoded=False, masked=self.masked)
         if not any(name.lower() == "host" for name, _ in headers):
             headers.insert(0, ("Host", parts.netloc))
         sent = request.post_data_buffer or b""
