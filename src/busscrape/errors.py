@@ -17,6 +17,7 @@
     │   ├── PolicyBlocked             the network policy refused a URL (scheme, non-public address)
     │   ├── PermanentStatus           an HTTP status policy says is final (404 …)
     │   ├── LimitExceeded             page, HAR, steps, screenshot or message over a configured limit
+    │   │   └── PayloadTooLarge         a message or KV value over what NATS takes (never a retry)
     │   ├── ArtifactUnusable          an artifact expired from the object store or fails its sha256
     │   ├── ExtractionFailed          a required field is missing, or the extractor raised
     │   └── StorageRefused            the archive refused an object for what it is (a name too long)
@@ -133,6 +134,15 @@ class PermanentStatus(PermanentError):
 
 class LimitExceeded(PermanentError):
     reason = "limit_exceeded"
+
+
+class PayloadTooLarge(LimitExceeded):
+    """A message or KV value larger than the server takes (its ``max_payload``, or the stream's
+    ``max_msg_size`` / the bucket's ``max_value_size``). Sending it again cannot help, so it is
+    never one of ``bus.retry.TRANSIENT`` (nats-py's own ``MaxPayloadError`` is a
+    ``nats.errors.Error``, and would be): ``bus.payloads`` raises this instead, before the write."""
+
+    reason = "payload_too_large"
 
 
 class ArtifactUnusable(PermanentError):

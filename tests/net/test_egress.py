@@ -187,3 +187,26 @@ async def test_a_socks5_upstream_with_credentials(site):
                            on_upstream=lambda u, ok: reports.append(ok)) as near:  # `far` is gone now
         code, _ = await _get(near, "127.0.0.2", site.port)
         assert code == 4 and reports == [True, False]
+
+
+async def test_an_upstream_proxy_named_by_a_name_is_reached_at_the_address_checked(site):
+    """The proxy is named ``localhost``: the policy's resolver answers 127.0.0.5 (allowed) to the
+    check, the system's resolver would answer 127.0.0.1 (not allowed) to a second lookup. The
+    tunnel goes to 127.0.0.5; the listener on 127.0.0.1 (same port) sees nothing."""
+    from busscrape.net.upstream import Upstream
+    from tests.support.forward_proxy import ForwardProxy
+
+    class CheckedOnce(NetworkPolicy):
+        async def resolve(self, host, port):
+            if host == "localhost":
+                return [ipaddress.ip_address("127.0.0.5")]
+            return await super().resolve(host, port)
+
+    site.page("/hello", "hello through the checked proxy")
+    with ForwardProxy("127.0.0.5") as checked, ForwardProxy("127.0.0.1", port=checked.port) as other:
+        policy = CheckedOnce.from_settings(["127.0.0.2/32", "127.0.0.5/32"])
+        async with EgressProxy(policy, upstream=Upstream.parse(f"http://localhost:{checked.port}")) as proxy:
+            code, body = await _get(proxy, "127.0.0.2", site.port)
+        assert other.log == [] and other.passed == []
+        assert code == 0 and body.endswith(b"hello through the checked proxy")
+        assert checked.passed == [f"127.0.0.2:{site.port}"]

@@ -17,9 +17,9 @@ from tests.support.net import free_port
 
 class ForwardProxy:
     def __init__(self, host: str = "127.0.0.5", *, user: str | None = None, password: str | None = None,
-                 refuse: bool = False) -> None:
+                 refuse: bool = False, port: int | None = None) -> None:
         self.host = host
-        self.port = free_port(host)
+        self.port = port or free_port(host)
         self.user, self.password, self.refuse = user, password, refuse
         self.log: list[tuple[str, str | None]] = []
         """(target host:port, user) of every CONNECT, refused ones too."""

@@ -1,6 +1,7 @@
 """Sessions against a loopback site with a login form and a cookie-protected page (real Chromium)."""
 
 import asyncio
+import ipaddress
 import subprocess
 import sys
 
@@ -225,3 +226,106 @@ async def test_a_task_naming_a_session_no_rule_covers_is_dead_lettered_at_once(b
     assert letter.reason == "unknown_session" and "'bank-1'" in letter.error, letter
     assert [a.retryable for a in letter.attempts] == [False] and seen["logins"] == 0
     assert site.hits[(site.hosts[0], "/private")] == 0  # refused before any page was loaded
+
+
+@pytest.mark.browser
+async def test_a_session_whose_storage_is_over_a_value_keeps_its_cookies_and_the_page(bus, wsettings, site,  # noqa: F811
+                                                                                    tmp_path):
+    """The page fills 1.5 MB of localStorage: the session's storage_state is over the 1 MiB
+    SESSIONS value. The page is archived (no retry, no dead letter) and the session kept without
+    its origins' storage: its cookie (the login) carries on to the next task."""
+    seen = login_site(site)
+
+    @site.route("/hoard")
+    async def hoard(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="<title>hoard</title><a id=logout>out</a>"
+                                 "<script>localStorage.setItem('big', 'x'.repeat(1500000))</script>",
+                            content_type="text/html")
+
+    s = wsettings.with_overrides(worker={"concurrency": 1, "sessions_file": str(sessions_file(tmp_path, site))})
+    await provision.apply(bus.js, topology.load(s))
+    await enqueue(bus.js, site.url("/hoard"), options=TaskOptions(session="shop-9", artifacts=("html",)))
+    await enqueue(bus.js, site.url("/private?n=after"), options=TaskOptions(session="shop-9", artifacts=("html",)))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert await dead_letters(bus.js) == []
+    assert sorted(r.title for r in await results(bus.js)) == ["hoard", "secret of alice"]
+    assert seen["logins"] == 1 and site.hits[(site.hosts[0], "/hoard")] == 1
+    stored = await SessionStore(bus.js).get("shop-9")
+    assert stored is not None and stored.state["origins"] == [] and stored.state["cookies"]
+
+
+PASSWORD = "hunter2-correct-horse"
+
+
+def login_with_password_site(site) -> dict[str, int]:
+    """The login form of ``login_site`` with a password field; the password is checked."""
+    seen = login_site(site)
+    plain = site.routes["/login"]
+
+    @site.route("/login")
+    async def login(request: web.Request) -> web.StreamResponse:
+        if request.method == "POST":
+            assert (await request.post()).get("pw") == PASSWORD
+            return await plain(request)
+        return web.Response(text=LOGIN.replace("<button", "<input id=pw name=pw type=password><button"),
+                            content_type="text/html")
+
+    return seen
+
+
+def unpacked(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("cookies", ["masked", "kept"])
+async def test_a_login_again_is_never_recorded_and_a_sessions_cookies_are_masked(bus, wsettings, site,  # noqa: F811
+                                                                                 tmp_path, cookies):
+    """The site forgets the login: the page fails its check, the session logs in again, the page
+    is visited again. Its HAR and WARC hold the logged-in visit only: not the login form's POST
+    (the password), and the session's cookie per ``archive_session_cookies``. They record headers
+    as on the wire (Cookie, Set-Cookie), the HTTP version and the server's address."""
+    from busscrape.artifacts.store import ArtifactStore
+
+    seen = login_with_password_site(site)
+    rules = tmp_path / "sessions.toml"
+    rules.write_text(f'''[[session]]
+name = "shop-*"
+login_url = "{site.url('/login')}"
+login_steps = [{{action = "fill", selector = "#user", value = "alice"}},
+               {{action = "fill", selector = "#pw", value = "{PASSWORD}"}}, {{action = "click", selector = "#go"}}]
+check_selector = "#logout"
+''')
+    s = wsettings.with_overrides(worker={"concurrency": 1, "sessions_file": str(rules),
+                                         "archive_session_cookies": cookies})
+    await provision.apply(bus.js, topology.load(s))
+    await enqueue(bus.js, site.url("/private?n=first"), options=TaskOptions(session="shop-7", artifacts=("html",)))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    seen["valid_from"] = 2  # logged out on the site's side
+    task = await enqueue(bus.js, site.url("/private?n=again"),
+                         options=TaskOptions(session="shop-7", artifacts=("har", "warc")))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert await dead_letters(bus.js) == [] and seen["logins"] == 2
+    [result] = [r for r in await results(bus.js) if r.task_id == task.task_id]
+    assert result.title == "secret of alice"
+    store = ArtifactStore(bus.js)
+    files = {a.kind: unpacked(await store.read(a)) for a in result.artifacts}
+    for kind in ("har", "warc"):
+        assert PASSWORD.encode() not in files[kind], kind
+        assert b"/login" not in files[kind], kind  # no request of the login at all
+        assert (b"sid=ok-alice.2" in files[kind]) == (cookies == "kept"), kind  # the Cookie header sent
+    warc = files["warc"]
+    assert b"\r\nCookie: " in warc  # the request's Cookie header, as sent (masked or not)
+    har = orjson.loads(files["har"])
+    [entry] = [e for e in har["log"]["entries"] if e["request"]["url"] == site.url("/private?n=again")]
+    cookie = {h["name"].lower(): h["value"] for h in entry["request"]["headers"]}["cookie"]
+    assert cookie == ("[masked]" if cookies == "masked" else "sid=ok-alice.2")
+    # Chromium connected to the worker's egress proxy (on loopback), which is what it reports, as in
+    # DevTools' own HAR behind a proxy.
+    assert ipaddress.ip_address(entry["serverIPAddress"]).is_loopback and entry["connection"].isdigit()
+    assert entry["response"]["httpVersion"].upper() == "HTTP/1.1"

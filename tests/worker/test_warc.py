@@ -135,9 +135,12 @@ async def test_a_page_as_warc_passes_warcio_check_and_indexes(browser, traffic, 
     assert meta[1]["WARC-Target-URI"].startswith("urn:pageinfo:")  # never taken for a capture of the page
 
 
-async def test_revisits_span_pages_of_one_worker(browser, traffic, tmp_path):
+async def test_revisits_span_pages_of_one_worker_once_the_first_is_handed_over(browser, traffic, tmp_path):
     payloads = PayloadIndex()
-    await record(browser, traffic.url("/a.css"), tmp_path / "one.warc.gz", payloads=payloads)
+    first = await record(browser, traffic.url("/a.css"), tmp_path / "one.warc.gz", payloads=payloads)
+    await record(browser, traffic.url("/b.css"), tmp_path / "alone.warc.gz", payloads=payloads)
+    assert not by_type(records(tmp_path / "alone.warc.gz"), "revisit")  # the first page's result does not stand yet
+    payloads.add(first.stored)  # what the worker does once the first page's result stands
     await record(browser, traffic.url("/b.css"), tmp_path / "two.warc.gz", payloads=payloads)
     assert not by_type(records(tmp_path / "one.warc.gz"), "revisit")
     [revisit] = by_type(records(tmp_path / "two.warc.gz"), "revisit")
@@ -155,6 +158,30 @@ async def test_bodies_over_the_caps_are_cut_and_marked(browser, traffic, tmp_pat
     assert payload <= 3000
     assert warc.notes and all("over the limit" in n["note"] or "cut" in n["note"] for n in warc.notes
                               if "urn:" not in n["url"])
+
+
+async def test_request_bodies_count_against_the_pages_warc(browser, site, tmp_path):
+    """Twenty POSTs of 100 KB under max_warc_bytes 300 KB: the WARC's bodies, requests' as
+    responses', stay within it; the cut ones say so."""
+    site.page("/", "<title>posts</title><div id=out></div><script>(async () => {"
+                   "for (let i = 0; i < 20; i++) await fetch('/up', {method: 'POST', body: 'p'.repeat(100000)});"
+                   "document.getElementById('out').textContent = 'sent'})()</script>")
+
+    @site.route("/up")
+    async def up(request):
+        await request.read()
+        return web.Response(text="ok")
+
+    path = tmp_path / "page.warc.gz"
+    warc = await record(browser, site.url("/"), path, settle_js="document.getElementById('out').textContent",
+                        max_body_bytes=1 << 20, max_total_bytes=300_000)
+    assert warc_tool("warcio", "check", str(path)).returncode == 0
+    recs = records(path)
+    posts = [r for r in by_type(recs, "request") if r[1]["WARC-Target-URI"].endswith("/up")]
+    assert len(posts) == 20
+    assert sum(len(r[3]) for r in recs if r[0] in ("request", "response", "resource")) <= 300_000
+    assert any(r[1].get("WARC-Truncated") == "length" for r in posts)
+    assert any("request body cut" in n["note"] for n in warc.notes)
 
 
 # -- hostile pages ------------------------------------------------------------------------------

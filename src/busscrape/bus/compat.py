@@ -102,8 +102,9 @@ async def publish_encoded(nc: Client, subject: str, payload: bytes, reply: str, 
     size = len(payload)
     if not nc.is_connected and (nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size):
         raise nats.errors.OutboundBufferLimitError
-    if size > nc.max_payload:
-        raise nats.errors.MaxPayloadError
+    from busscrape.bus.payloads import check  # the size refusal every publish makes (PayloadTooLarge)
+
+    check(subject, payload, len(header_block), nc.max_payload)
     nc.stats["out_msgs"] += 1
     nc.stats["out_bytes"] += size
     await nc._send_command(hpub_cmd(subject, reply, header_block, payload))

@@ -30,7 +30,8 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from busscrape.bus.compat import TlsEnforcingClient, TlsNotOffered
+from busscrape.bus.compat import TlsNotOffered
+from busscrape.bus.payloads import BusClient
 from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import AuthenticationFailed, ConfigurationError, NatsUnavailable
 from busscrape.net import tls
@@ -244,7 +245,7 @@ class Bus:
             if on_reconnect:
                 await on_reconnect()
 
-        nc = TlsEnforcingClient()
+        nc = BusClient()
         nc.wants_tls = "tls" in opts
         state = {"closing": False}
         attempt = asyncio.ensure_future(

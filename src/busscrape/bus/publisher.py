@@ -45,8 +45,9 @@ from nats.aio.msg import Msg
 from nats.js.api import PubAck
 
 from busscrape.bus.compat import publish_encoded
+from busscrape.bus.payloads import MESSAGE_TOO_LARGE
 from busscrape.bus.retry import TRANSIENT, backoff
-from busscrape.errors import RetryableError
+from busscrape.errors import PayloadTooLarge, RetryableError
 
 log = structlog.get_logger("busscrape.publisher")
 
@@ -274,6 +275,8 @@ class Publisher:
                 await self.nc.publish(pub.subject, pub.payload, reply=pub.token, headers=pub.headers)
         except nats.errors.ConnectionClosedError:
             self._finish(pub, error=PublishFailed("the NATS connection is closed", code=ABANDONED))
+        except PayloadTooLarge as exc:  # never sent: another try is the same size
+            self._finish(pub, error=PublishFailed(str(exc), code=413, err_code=MESSAGE_TOO_LARGE))
         except TRANSIENT as exc:
             # Outbound buffer full while reconnecting, and the like: worth another try.
             self._failed_attempt(pub, PublishFailed(f"could not send: {exc or type(exc).__name__}",

@@ -29,7 +29,10 @@ log = structlog.get_logger("busscrape.bus")
 T = TypeVar("T")
 
 TRANSIENT: tuple[type[BaseException], ...] = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
-"""A NATS request that may succeed when tried again (``except TRANSIENT``)."""
+"""A NATS request that may succeed when tried again (``except TRANSIENT``). A message too large
+for NATS is not one: the connection ``bus.connection`` makes raises ``PayloadTooLarge`` (a
+``PermanentError``) instead of nats-py's ``MaxPayloadError`` or JetStream's error 10054
+(``bus.payloads``)."""
 
 
 def backoff(attempt: int, base: float, cap: float, *, at_least: float | None = None) -> float:

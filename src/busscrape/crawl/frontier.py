@@ -35,7 +35,7 @@ import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 
-from busscrape.bus import names
+from busscrape.bus import names, payloads
 from busscrape.bus.publisher import WRONG_LAST_SEQUENCE
 from busscrape.crawl.links import PageLinks
 from busscrape.crawl.robots import Robots, origin_of
@@ -45,6 +45,7 @@ from busscrape.crawl.state import MAX_CRAWLS, SEEDS, CrawlState
 from busscrape.dispatch.urls import UrlNormaliser, UrlRules
 from busscrape.errors import InputError, MessageDecodeError, PolicyBlocked, RetryableError
 from busscrape.lru import Lru
+from busscrape.model import bounds
 from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode, identity_tail
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
@@ -69,6 +70,8 @@ class Frontier:
         self.policy = policy
         self.robots = Robots(self.state, policy)
         self._normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
+        self.room = payloads.room(js, settings.streams.max_msg_size)
+        """Bytes a CRAWLS value may take: a page's kept links are cut to it (``links_cut``)."""
         self._ttl = str(max(1, int(settings.dispatch.recrawl_after)))
         self._rules: Lru[str, ScopeRules] = Lru(MAX_CRAWLS)
         self._tails: Lru[str, bytes] = Lru(MAX_CRAWLS)
@@ -118,8 +121,14 @@ class Frontier:
     async def keep(self, task: ScrapeTask, final_url: str, links: PageLinks | None) -> None:
         """Keep a page's links until they are followed (written before its result)."""
         assert task.crawl is not None
-        await self.state.save_links(task.crawl.crawl_id, task.task_id,
-                                    {"final_url": final_url, **(links.as_dict() if links else {})})
+        final_url = bounds.cut(final_url, bounds.MAX_URL)
+        kept = self._fit(links).as_dict() if links else {}
+        await self.state.save_links(task.crawl.crawl_id, task.task_id, {"final_url": final_url, **kept})
+
+    def _fit(self, links: PageLinks) -> PageLinks:
+        """The links as ``keep`` stores them, so that this delivery follows what a redelivery
+        would read back (``bounds.MAX_URL`` of final URL left beside them)."""
+        return links.fit(self.room - bounds.MAX_URL * 4)
 
     async def follow(self, task: ScrapeTask, final_url: str | None = None, links: PageLinks | None = None) -> bool:
         """Queue the page's links (once). Without ``links``: those ``keep`` stored (a redelivery
@@ -134,6 +143,8 @@ class Frontier:
             if kept is None:
                 return False
             final_url, links = kept.get("final_url") or task.url, PageLinks.from_js(kept)
+        else:
+            final_url, links = bounds.cut(final_url, bounds.MAX_URL) if final_url else final_url, self._fit(links)
         spec = await self.state.spec(crawl.crawl_id)
         record: dict[str, Any] = {"url": task.url, "depth": crawl.depth, "parent": crawl.parent,
                                   "final_url": final_url}

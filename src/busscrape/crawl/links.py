@@ -9,7 +9,9 @@ links of a non-HTML document (a PDF, an image, plain text) are not followed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import orjson
 
 MAX_LINKS = 5000
 """Links kept per page (document order); a page with more is cut there (and says so)."""
@@ -49,6 +51,19 @@ class PageLinks:
     def from_js(cls, raw: dict) -> PageLinks:
         return cls(tuple(str(u) for u in raw.get("links") or ()), int(raw.get("total") or 0),
                    str(raw.get("content_type") or ""))
+
+    def fit(self, max_bytes: int) -> PageLinks:
+        """The first links whose JSON takes at most ``max_bytes`` (``total`` unchanged, so the page
+        record's ``links_cut`` counts what did not fit too): what a page controls must fit the
+        CRAWLS value it is kept in, 5,000 hrefs of 2 KB or not."""
+        room = max_bytes - len(orjson.dumps(replace(self, links=()).as_dict()))
+        kept = 0
+        for link in self.links:
+            room -= len(orjson.dumps(link)) + 1  # the string and its comma
+            if room < 0:
+                return replace(self, links=self.links[:kept])
+            kept += 1
+        return self
 
     def as_dict(self) -> dict:
         return {"links": list(self.links), "total": self.total, "content_type": self.content_type}

@@ -53,6 +53,8 @@ def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
     skipped: list[dict[str, str]] = []
     redirected: dict[str, str] = {}
     for record in pages.values():
+        if "part" in record:
+            continue  # the overflow of a record's queued ids (``CrawlState.record_page``), no page of its own
         if record.get("seed_redirected_to"):
             redirected[record["url"]] = record["seed_redirected_to"]
         counts = record.get("counts") or {}
@@ -64,7 +66,8 @@ def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
         skipped.extend(record.get("skipped") or ())
     return CrawlSummary(crawl_id=crawl_id, links=dict(total),
                         by_depth={d: {k: v for k, v in c.items() if v} for d, c in sorted(depths.items())},
-                        pages_followed=sum(1 for k in pages if k != SEEDS), not_followed=dict(not_followed),
+                        pages_followed=sum(k != SEEDS and "part" not in r for k, r in pages.items()),
+                        not_followed=dict(not_followed),
                         skipped=skipped[:50], seeds_redirected=redirected)
 
 

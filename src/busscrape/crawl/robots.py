@@ -16,6 +16,7 @@ import time
 from urllib.parse import urlsplit
 
 import aiohttp
+import orjson
 from protego import Protego
 
 from busscrape.crawl.state import CrawlState
@@ -45,6 +46,20 @@ def _key(origin: str) -> str:
     return hashlib.sha256(origin.encode()).hexdigest()[:24]
 
 
+def _fit(record: dict, room: int) -> dict:
+    """The record with its body cut to fit a CRAWLS value (``cut``: characters left out). 500 KiB
+    of text may grow sixfold as JSON (a control byte is ``\\u0001``): the rules are read as far
+    as they fit, as Google reads the first 500 KiB, and the record says so."""
+    body = record["body"]
+    size = len(orjson.dumps(record))
+    while size > room and body:
+        body = body[: max(0, len(body) * room // size - 64)]
+        size = len(orjson.dumps({**record, "body": body, "cut": len(record["body"]) - len(body)}))
+    if len(body) == len(record["body"]):
+        return record
+    return {**record, "body": body, "cut": len(record["body"]) - len(body)}
+
+
 class Robots:
     """The robots.txt rules of every origin a crawl meets."""
 
@@ -63,7 +78,8 @@ class Robots:
             return cached[1]
         record = await self.state.robots(crawl_id, _key(origin))
         if record is None or now - record["fetched_at"] >= ROBOTS_TTL:
-            record = {"origin": origin, "fetched_at": now, **await self._fetch(origin)}
+            record = _fit({"origin": origin, "fetched_at": now, **await self._fetch(origin)},
+                          await self.state.room())
             await self.state.save_robots(crawl_id, _key(origin), record)
         parsed = Protego.parse(record["body"])
         self._parsed[(crawl_id, origin)] = (record["fetched_at"], parsed)

@@ -19,7 +19,7 @@ import orjson
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from busscrape.bus import names
+from busscrape.bus import names, payloads
 from busscrape.bus.retry import TRANSIENT
 from busscrape.bus.scan import kv_latest
 from busscrape.crawl.spec import CrawlSpec
@@ -37,6 +37,7 @@ class CrawlState:
         self._js = js
         self._kv: KeyValue | None = None
         self._specs: Lru[str, CrawlSpec] = Lru(MAX_CRAWLS)
+        self._room: int | None = None
 
     async def kv(self) -> KeyValue:
         if self._kv is None:
@@ -162,16 +163,37 @@ class CrawlState:
     # -- pages ------------------------------------------------------------------------------
 
     async def page(self, crawl_id: str, page: str) -> dict[str, Any] | None:
+        """A page record, its ``queued`` whole (read back from its parts when it has some)."""
         value = await self._get(f"{crawl_id}.page.{page}")
-        return orjson.loads(value) if value else None
+        if not value:
+            return None
+        record = orjson.loads(value)
+        for n in range(1, int(record.get("parts") or 1)):
+            part = await self._get(f"{crawl_id}.page.{page}.{n}")
+            record["queued"] = [*record.get("queued", ()), *(orjson.loads(part)["queued"] if part else ())]
+        return record
 
     async def record_page(self, crawl_id: str, page: str, record: dict[str, Any]) -> None:
-        """What a page's links became; the first record stands (a redelivery writes the same)."""
+        """What a page's links became; the first record stands (a redelivery writes the same).
+
+        A record larger than a CRAWLS value (the seeds of 100,000 sitemap URLs list 3.5 MB of
+        task ids) is written in parts: the ids that do not fit go to ``<page>.<n>`` records
+        (``{"part": n, "queued": […]}``), written before the head, which says how many
+        parts there are. A watcher that has the head has every part before it (one stream)."""
         kv = await self.kv()
+        head, parts = _split(record, await self.room())
+        for n, part in enumerate(parts, 1):
+            await kv.put(f"{crawl_id}.page.{page}.{n}", orjson.dumps(part))
         try:
-            await kv.create(f"{crawl_id}.page.{page}", orjson.dumps(record))
+            await kv.create(f"{crawl_id}.page.{page}", orjson.dumps(head))
         except nats.js.errors.KeyWrongLastSequenceError:
             pass
+
+    async def room(self) -> int:
+        """Bytes a CRAWLS value may take (the bucket's own limit, and the server's)."""
+        if self._room is None:
+            self._room = await payloads.kv_room(self._js, await self.kv())
+        return self._room
 
     async def pages(self, crawl_id: str) -> dict[str, dict[str, Any]]:
         """Every page record of the crawl, by page key (``bus.scan.kv_latest``: a crawl's summary
@@ -206,6 +228,24 @@ class CrawlState:
     async def _get(self, key: str) -> bytes | None:
         value, _ = await _entry(await self.kv(), key)
         return value or None
+
+
+def _split(record: dict[str, Any], room: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The head of a page record and the parts its ``queued`` overflows into, each within ``room``."""
+    queued = list(record.get("queued") or ())
+    if len(orjson.dumps(record)) <= room or not queued:
+        return record, []
+    chunks: list[list[str]] = [[]]
+    left = room - len(orjson.dumps({**record, "queued": [], "parts": 1 << 20}))  # the head's own fields
+    for task_id in queued:
+        cost = len(orjson.dumps(task_id)) + 1
+        if cost > left and chunks[-1]:
+            chunks.append([])
+            left = room - 64  # {"part": n, "queued": […]}
+        chunks[-1].append(task_id)
+        left -= cost
+    head = {**record, "queued": chunks[0], "parts": len(chunks)}
+    return head, [{"part": n, "queued": chunk} for n, chunk in enumerate(chunks[1:], 1)]
 
 
 # -- compare-and-set on one key -------------------------------------------------------------

@@ -61,6 +61,18 @@ def refusal(exc: BaseException) -> str | None:
     return str(cause) if isinstance(cause, AddressRefused) else None
 
 
+async def read_up_to(stream: aiohttp.StreamReader, max_bytes: int) -> bytes:
+    """The body's first ``max_bytes``, or all of it if shorter. ``StreamReader.read(n)`` returns
+    what is buffered now (one network chunk, often 16 KiB), not ``n`` bytes: a robots.txt read
+    that way loses the rules at its end, a sitemap its later URLs."""
+    parts: list[bytes] = []
+    left = max_bytes
+    while left > 0 and (chunk := await stream.read(left)):
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
 @dataclass(frozen=True)
 class Fetched:
     url: str

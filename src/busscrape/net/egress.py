@@ -212,19 +212,19 @@ class EgressProxy:
                                 allowed: list[IPAddress]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | int:
         """Through the upstream proxy, to the first checked address it connects to."""
         try:
-            proxy_ips = await self.policy.resolve(upstream.host, upstream.port)
+            proxy_ips, refused = await self.policy.admitted(upstream.host, upstream.port)
         except (OSError, ValueError):
-            proxy_ips = []
-        refusals = [self.policy.refusal(upstream.host, ip, upstream.port) for ip in proxy_ips]
-        if not proxy_ips or all(refusals):
-            reason = f"proxy {upstream.url}: {next((r for r in refusals if r), 'no address')}"
+            proxy_ips, refused = [], None
+        if not proxy_ips:
+            reason = f"proxy {upstream.url}: {refused or 'no address'}"
             self._remember(host, port, reason)
             log.info("egress.refused", host=host, port=port, reason=reason)
             return _NOT_ALLOWED
         error: UpstreamFailed | None = None
-        for ip in allowed:
+        # To the proxy's checked addresses only, as to a target's: its name is not resolved again.
+        for ip, via in ((ip, via) for via in proxy_ips for ip in allowed):
             try:
-                connection = await upstream.tunnel(str(ip), port, self.connect_timeout)
+                connection = await upstream.tunnel(str(ip), port, self.connect_timeout, via=str(via))
             except UpstreamFailed as exc:
                 error = exc
                 continue

@@ -67,12 +67,15 @@ class Upstream:
     def __str__(self) -> str:
         return self.url
 
-    async def tunnel(self, ip: str, port: int, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection through this proxy to ``ip:port`` (an address the policy let through)."""
+    async def tunnel(self, ip: str, port: int, timeout: float, *, via: str
+                     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection through this proxy, reached at ``via`` (an address of its name the policy
+        checked: resolving the name again could answer another one), to ``ip:port`` (an address
+        the policy let through). TLS to the proxy still verifies its name."""
         try:
             async with asyncio.timeout(timeout):
                 tls = ssl.create_default_context() if self.scheme == "https" else None
-                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=tls,
+                reader, writer = await asyncio.open_connection(via, self.port, ssl=tls,
                                                                server_hostname=self.host if tls else None)
                 try:
                     if self.scheme == "socks5":

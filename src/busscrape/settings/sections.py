@@ -306,6 +306,12 @@ class WorkerSettings(_Section):
     max_warc_bytes: Size = "100MB"
     """Most bytes of payload (bodies, the DOM, screenshots) one page's WARC holds; what comes
     after is recorded without its body (``WARC-Truncated: length``)."""
+    warc_revisits: Literal["page", "worker"] = "page"
+    """What a WARC ``revisit`` record may refer to instead of storing a body again: ``page``, a
+    response earlier in the same page's WARC (every page's WARC, and any WACZ of some of the
+    pages, stands alone); ``worker``, also one in a page this worker archived before (smaller
+    WARCs, but a page's WARC replays only beside the WARC holding the original, so a WACZ of a
+    subset of the pages may miss bodies)."""
     max_warc_body_bytes: Size = "20MiB"
     """Most bytes of one response body in a WARC; a longer body is cut (``WARC-Truncated: length``)."""
     max_screenshot_height: int = Field(4096, ge=256)

@@ -96,6 +96,9 @@ class Rendered:
     """The links of the rendered DOM (crawl tasks only)."""
     proxy: str | None = None
     """The upstream proxy the page went through, without credentials."""
+    warc_payloads: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """The payloads the page's WARC holds in full (``WarcRecorder.stored``): later pages may
+    refer to them once this page's result stands (``Renderer.payloads``)."""
 
 
 @dataclass
@@ -158,7 +161,8 @@ class Capturer:
                         response_headers=bounds.headers(visit.headers), title=bounds.cut(dom["title"], MAX_TITLE),
                         timings=timings, captures=captures,
                         blocked_requests=list(bounds.urls(blocked, most=bounds.MAX_BLOCKED)),
-                        har_bodies_dropped=dropped, html=dom["html"] if opts.extractor else None, links=links)
+                        har_bodies_dropped=dropped, html=dom["html"] if opts.extractor else None, links=links,
+                        warc_payloads=visit.warc.stored if visit.warc is not None else {})
 
     def _texts(self, task: ScrapeTask, dom: dict) -> list[Capture]:
         """The rendered HTML (refused over ``max_page_bytes``) and the visible text (cut there)."""

@@ -299,6 +299,8 @@ class Worker(PullService):
                 stands = await self.results.publish(task, result)
             finally:
                 await recorded
+            if stands and self.renderer is not None:  # its WARC will be archived: later pages may refer to it
+                self.renderer.payloads.add(rendered.warc_payloads)
             # After the result stands: a page's links never outrun the page itself.
             if task.crawl is None or await self._follow_or_later(msg, task, attempt, rendered):
                 await msg.ack_sync(timeout=self.settings.nats.request_timeout)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -28,14 +30,30 @@ _TEXTUAL = ("text/", "application/json", "application/javascript", "application/
 
 # Request headers that carry credentials: a task's own `Authorization` (how README tells users to
 # log in to the pages they scrape) would otherwise sit in every HAR of the archive. Their values
-# are masked, as Chromium's DevTools does in its default ("sanitized") HAR export; cookies are the
-# site's own session state and stay.
+# are masked, as Chromium's DevTools does in its default ("sanitized") HAR export. Cookies are
+# the site's own state and stay, but for a session's pages (its login's token) unless
+# `worker.archive_session_cookies = "kept"`: `masked_headers`.
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization"})
+COOKIE_HEADERS = frozenset({"cookie", "set-cookie"})
 MASKED = "[masked]"
 
 
-def _headers(mapping: dict[str, str]) -> list[dict[str, str]]:
-    return [{"name": k, "value": MASKED if k.lower() in CREDENTIAL_HEADERS else v} for k, v in mapping.items()]
+def masked_headers(mask_cookies: bool) -> frozenset[str]:
+    """The header names whose values the HAR and the WARC mask (lower case)."""
+    return CREDENTIAL_HEADERS | COOKIE_HEADERS if mask_cookies else CREDENTIAL_HEADERS
+
+
+def _headers(pairs: Iterable[tuple[str, str]], masked: frozenset[str] = CREDENTIAL_HEADERS) -> list[dict[str, str]]:
+    return [{"name": k, "value": MASKED if k.lower() in masked else v} for k, v in pairs]
+
+
+async def wire_headers(message: Request | Response) -> list[tuple[str, str]]:
+    """The headers as sent or received, Cookie and Set-Cookie among them (Playwright's
+    ``headers`` leaves those out); the ``headers`` it has when the browser no longer can say."""
+    try:
+        return [(h["name"], h["value"]) for h in await message.headers_array()]
+    except Exception:
+        return list(message.headers.items())
 
 
 def _iso(epoch_ms: float) -> str:
@@ -54,8 +72,9 @@ class HarRecorder:
     """Collects one page's requests; ``build()`` returns the HAR as bytes."""
 
     def __init__(self, page: Page, *, embed_bodies: bool, max_body_bytes: int = 20 * 1024 * 1024,
-                 max_total_bytes: int = 100 * 1024 * 1024) -> None:
+                 max_total_bytes: int = 100 * 1024 * 1024, mask_cookies: bool = False) -> None:
         self.embed_bodies = embed_bodies
+        self.masked = masked_headers(mask_cookies)
         self.max_body_bytes = max_body_bytes
         self.max_total_bytes = max_total_bytes
         """Embedded bodies held at once, over the whole page (a page of many large responses
@@ -94,7 +113,7 @@ class HarRecorder:
                 "url": url,
                 "httpVersion": "HTTP/1.1",
                 "cookies": [],
-                "headers": _headers(request.headers),
+                "headers": _headers(request.headers.items(), self.masked),  # as sent: ``_wire``
                 "queryString": [{"name": k, "value": v} for k, v in parse_qsl(urlsplit(url).query,
                                                                                 keep_blank_values=True)],
                 "headersSize": -1,
@@ -122,7 +141,7 @@ class HarRecorder:
             "statusText": response.status_text,
             "httpVersion": "HTTP/1.1",
             "cookies": [],
-            "headers": _headers(headers),
+            "headers": _headers(headers.items(), self.masked),
             "content": {"size": size, "mimeType": headers.get("content-type", "")},
             "redirectURL": headers.get("location", ""),
             "headersSize": -1,
@@ -130,6 +149,22 @@ class HarRecorder:
         }
         if self.embed_bodies and response.request.method != "HEAD" and not (300 <= response.status < 400):
             self._pending[response.request] = response
+        self._bodies.append(asyncio.ensure_future(self._wire(entry, response)))
+
+    async def _wire(self, entry: dict[str, Any], response: Response) -> None:
+        """What only Playwright's async calls tell: the headers as on the wire (Cookie and
+        Set-Cookie too, masked per ``masked``), the HTTP version and the server's address."""
+        entry["request"]["headers"] = _headers(await wire_headers(response.request), self.masked)
+        entry["response"]["headers"] = _headers(await wire_headers(response), self.masked)
+        with contextlib.suppress(Exception):
+            version = await response.http_version()
+            if version:
+                entry["request"]["httpVersion"] = entry["response"]["httpVersion"] = version
+        with contextlib.suppress(Exception):
+            address = await response.server_addr()
+            if address:
+                entry["serverIPAddress"] = address["ipAddress"]
+                entry["connection"] = str(address["port"])
 
     def _on_finished(self, request: Request) -> None:
         entry = self._entries.get(request)

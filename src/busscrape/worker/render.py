@@ -73,6 +73,12 @@ class _Watch:
         for event, handler in self.listeners:
             with contextlib.suppress(Exception):
                 self.page.remove_listener(event, handler)
+        self.listeners.clear()
+
+    def discard(self) -> None:
+        """Drop what the recorders hold (the WARC's temporary file): nothing of it is captured."""
+        if self.warc is not None:
+            self.warc.close()
 
 
 class Renderer:
@@ -89,7 +95,8 @@ class Renderer:
         self.capturer = Capturer(settings, browser_version=lambda: pool.version)
         self._chores: set[asyncio.Future[Any]] = set()
         self.payloads = PayloadIndex()
-        """The payloads this worker's WARCs hold: a later page's identical ones are revisits."""
+        """The payloads of the archived WARCs of this worker: with ``warc_revisits = "worker"`` a
+        later page's identical ones are revisits (the worker adds a page's once its result stands)."""
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run a page chore (close an oversize page) without waiting; failures do not matter."""
@@ -168,12 +175,16 @@ class Renderer:
                         # The check failed: logged out. Logged in again once for the fleet, as a
                         # new session is: every worker whose page fails at once would log in.
                         relogin, stored = await self._claim_login(rule_name(task), stored, failed_check=True)
+                        # Nothing records the login (its form holds the password): the
+                        # recorders of the logged-out visit go, new ones record the visit again.
+                        watch.detach()
+                        watch.discard()
                         await self._login(tab, rule, task)
                         logged_in = True
+                        watch = await self._watch(tab, task, block=False)
                         rendered = await self._visit(tab, task, watch, before_navigation, follow)
                 except BaseException:
-                    if watch.warc is not None:
-                        watch.warc.close()  # its temporary file: no capture will carry it
+                    watch.discard()  # its temporary file: no capture will carry it
                     raise
                 finally:
                     watch.detach()
@@ -213,7 +224,8 @@ class Renderer:
                           (stored.logins + 1) if stored is not None else 1)
         else:
             kept = Stored(task.options.session, state, stored.logged_in_at, stored.expires_at, proxy, stored.logins)
-        await self.sessions.store.put(kept)
+        if (left_out := await self.sessions.store.put(kept)) is not None:
+            log.warning("session.too_large", session=kept.name, left_out=left_out)
 
     async def _proxy_for(self, task: ScrapeTask, prefer: str | None = None) -> tuple[Upstream | None, str | None]:
         """The task's upstream proxy (``net/proxies.py``) and the egress listener in front of it."""
@@ -225,14 +237,14 @@ class Renderer:
             return None, None
         return upstream, await self.egress.listener_for(upstream)
 
-    async def _watch(self, tab: Tab, task: ScrapeTask) -> _Watch:
+    async def _watch(self, tab: Tab, task: ScrapeTask, *, block: bool = True) -> _Watch:
         """Routes and listeners for this task: blocked resource types, failed requests, an
         oversize main document (stopped by its Content-Length before the browser spends a minute
         parsing it; pages without one are checked after rendering), the HAR."""
         opts = task.options
         page = tab.page
         watch = _Watch(page)
-        if opts.block_resources:
+        if block and opts.block_resources:  # a route of the tab's context: set once per task
             blocked_types = set(opts.block_resources)
 
             async def block(route: Route) -> None:
@@ -255,14 +267,16 @@ class Renderer:
 
         watch.on("requestfailed", on_failed)
         watch.on("response", check_size)
+        mask_cookies = opts.session is not None and self.settings.archive_session_cookies == "masked"
         if "har" in opts.artifacts:
             watch.har = HarRecorder(page, embed_bodies=opts.har_content == "embed",
-                                    max_total_bytes=self.settings.max_har_bytes)
+                                    max_total_bytes=self.settings.max_har_bytes, mask_cookies=mask_cookies)
             watch.listeners.extend(watch.har.listeners())
         if "warc" in opts.artifacts:
             watch.warc = WarcRecorder(page, max_body_bytes=self.settings.max_warc_body_bytes,
-                                      max_total_bytes=self.settings.max_warc_bytes, payloads=self.payloads,
-                                      browser_version=self.pool.version)
+                                      max_total_bytes=self.settings.max_warc_bytes,
+                                      payloads=self.payloads if self.settings.warc_revisits == "worker" else None,
+                                      browser_version=self.pool.version, mask_cookies=mask_cookies)
             watch.listeners.extend(watch.warc.listeners())
         return watch
 

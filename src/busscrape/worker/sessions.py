@@ -30,7 +30,7 @@ import asyncio
 import fnmatch
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import TypeAdapter, ValidationError
 
-from busscrape.bus import names
+from busscrape.bus import names, payloads
 from busscrape.bus.retry import TRANSIENT
 from busscrape.bus.scan import kv_latest
 from busscrape.errors import ConfigurationError, InvalidTask, StorageUnavailable
@@ -122,6 +122,7 @@ class SessionStore:
     def __init__(self, js: JetStreamContext) -> None:
         self._js = js
         self._kv: KeyValue | None = None
+        self._room: int | None = None
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
@@ -138,9 +139,23 @@ class SessionStore:
             return None
         return stored
 
-    async def put(self, stored: Stored) -> None:
+    async def put(self, stored: Stored) -> str | None:
+        """Store the session; what was left out to fit a SESSIONS value: None (nothing),
+        ``local_storage`` (its origins' storage: the cookies, which hold a login, are kept) or
+        ``everything`` (not stored: its cookies alone are over the limit). A page's storage is
+        the page's to fill: over the limit it is never a retry, nor the page's failure."""
         try:
-            await (await self._bucket()).put(stored.name, stored.encode())
+            bucket = await self._bucket()
+            if self._room is None:
+                self._room = await payloads.kv_room(self._js, bucket)
+            left_out, value = None, stored.encode()
+            if len(value) > self._room:
+                left_out = "local_storage"
+                value = replace(stored, state={**stored.state, "origins": []}).encode()
+            if len(value) > self._room:
+                return "everything"
+            await bucket.put(stored.name, value)
+            return left_out
         except TRANSIENT as exc:
             raise StorageUnavailable(f"cannot store session {stored.name}: {exc!r}") from None
 

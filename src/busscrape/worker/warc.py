@@ -5,7 +5,8 @@ record can be read from its offset, as every WARC index expects)::
 
     warcinfo                     software, format, browser
     response + request           per request, paired by WARC-Concurrent-To (request → response)
-    revisit                      a response whose payload this worker stored already
+    revisit                      a response whose payload is stored already: earlier in this WARC,
+                                 or (``warc_revisits = "worker"``) in an archived page of this worker
                                  (identical-payload-digest: no body, refers to the first one)
     metadata urn:pageinfo:<url>  the page: task, final URL, status, title, timings, and a note for
                                  every body that is not (fully) there and why
@@ -52,7 +53,7 @@ from warcio.warcwriter import WARCWriter
 
 from busscrape import __version__
 from busscrape.model import bounds
-from busscrape.worker.har import CREDENTIAL_HEADERS, MASKED
+from busscrape.worker.har import MASKED, masked_headers, wire_headers
 
 WARC_VERSION = "1.1"
 GZIP_LEVEL = 1  # warcio's own is 9: several times the CPU for a few per cent
@@ -73,8 +74,9 @@ class PayloadIndex:
     """The payloads one worker stored already: digest → (URI, WARC-Date) of the first record.
 
     Bounded (least recently seen forgotten): a worker runs for days. A page's payloads join only
-    once the page was captured (``WarcRecorder.finish``), so a revisit refers to a record in a
-    WARC that was handed over, not to one of a page that failed before its capture.
+    once its result stands in RESULTS (the worker adds ``Rendered.warc_payloads`` after the
+    PubAck), so a revisit never refers to a record of a page that failed after its capture (a
+    refused result, an extraction that failed, a duplicate): that WARC is never archived.
     """
 
     def __init__(self, most: int = 100_000) -> None:
@@ -128,9 +130,9 @@ class Resource:
     data: bytes
 
 
-def _header_list(pairs: list[tuple[str, str]], *, decoded: bool) -> list[tuple[str, str]]:
+def _header_list(pairs: list[tuple[str, str]], *, decoded: bool, masked: frozenset[str]) -> list[tuple[str, str]]:
     """HTTP headers as a list: values with newlines split (Playwright joins repeated headers so,
-    which would end the header block early); credentials masked as in the HAR; framing renamed."""
+    which would end the header block early); ``masked`` ones masked as in the HAR; framing renamed."""
     out = []
     for name, value in pairs:
         lower = name.lower()
@@ -139,7 +141,7 @@ def _header_list(pairs: list[tuple[str, str]], *, decoded: bool) -> list[tuple[s
                 out.append(("X-Archive-Orig-Content-Encoding", value.replace("\n", ", ")))
             continue
         for one in value.split("\n"):
-            out.append((name, MASKED if lower in CREDENTIAL_HEADERS else one.replace("\r", "")))
+            out.append((name, MASKED if lower in masked else one.replace("\r", "")))
     return out
 
 
@@ -151,20 +153,13 @@ async def _encoded_size(request: Request) -> int:
         return 0
 
 
-async def _response_headers(response: Response) -> list[tuple[str, str]]:
-    """The headers as received, Set-Cookie among them (``Response.headers`` leaves it out)."""
-    try:
-        return [(h["name"], h["value"]) for h in await response.headers_array()]
-    except Exception:
-        return list(response.headers.items())
-
-
 class WarcRecorder:
     """Records one page's traffic as WARC records into a temporary file; ``finish()`` returns it."""
 
     def __init__(self, page: Page, *, max_body_bytes: int, max_total_bytes: int,
-                 payloads: PayloadIndex | None = None, browser_version: str = "") -> None:
+                 payloads: PayloadIndex | None = None, browser_version: str = "", mask_cookies: bool = False) -> None:
         self.max_body_bytes = max_body_bytes
+        self.masked = masked_headers(mask_cookies)
         self.max_total_bytes = max_total_bytes
         self.payloads = payloads if payloads is not None else PayloadIndex()
         self._page = page
@@ -174,6 +169,7 @@ class WarcRecorder:
         self._responses: dict[Request, Response] = {}
         self._recording: dict[asyncio.Future[None], str] = {}
         self._seen: dict[str, tuple[str, str]] = {}
+        """digest → (URI, WARC-Date) of the full responses this WARC holds (``stored``)."""
         self.reserved = 0
         """Payload bytes the page's records hold or are about to (against ``max_total_bytes``)."""
         self.notes: list[dict[str, str]] = []
@@ -194,6 +190,11 @@ class WarcRecorder:
     def listeners(self) -> list[tuple[str, Any]]:
         """The page listeners this recorder added (to remove when the task leaves the tab)."""
         return list(self._listeners)
+
+    @property
+    def stored(self) -> dict[str, tuple[str, str]]:
+        """The payloads this WARC holds in full: digest → (URI, WARC-Date) of the record."""
+        return dict(self._seen)
 
     def close(self) -> None:
         """Drop the temporary file (when the render fails before ``finish``)."""
@@ -282,7 +283,7 @@ class WarcRecorder:
         status = response.status
         phrase = response.status_text or (HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_
                                           else "")
-        headers = _header_list(await _response_headers(response), decoded=True)
+        headers = _header_list(await wire_headers(response), decoded=True, masked=self.masked)
         headers.append(("Content-Length", str(len(body))))
         http = StatusAndHeaders(f"{status} {phrase}".strip(), headers, protocol="HTTP/1.1")
         warc_headers = {}
@@ -304,7 +305,7 @@ class WarcRecorder:
             if not truncated and len(body) >= MIN_REVISIT:
                 self._seen.setdefault(digest, (url, record.rec_headers.get_header("WARC-Date")))
         self.counts["responses"] += 1
-        req = self._request_record(request, url)
+        req = self._request_record(request, url, await wire_headers(request))
         if request.is_navigation_request() and request.frame == self._page.main_frame:
             self.main_record_id = record.rec_headers.get_header("WARC-Record-ID")
         if len(body) < _INLINE:
@@ -312,17 +313,23 @@ class WarcRecorder:
         else:
             await asyncio.to_thread(self._write_pair, req, record)
 
-    def _request_record(self, request: Request, url: str) -> Any:
+    def _request_record(self, request: Request, url: str, sent: list[tuple[str, str]]) -> Any:
         parts = urlsplit(request.url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        headers = _header_list(list(request.headers.items()), decoded=False)
+        headers = _header_list(sent, decoded=False, masked=self.masked)
         if not any(name.lower() == "host" for name, _ in headers):
             headers.insert(0, ("Host", parts.netloc))
-        post = (request.post_data_buffer or b"")[: self.max_body_bytes]
+        sent = request.post_data_buffer or b""
+        post = sent[: self._room(len(sent))]  # a request body counts against the page's WARC as a response's does
+        warc_headers = {}
+        if len(post) < len(sent):
+            warc_headers["WARC-Truncated"] = "length"
+            self.counts["truncated"] += 1
+            self.note(url, f"request body cut at {len(post)} of {len(sent)} bytes (max_warc_bytes)")
         http = StatusAndHeaders(bounds.cut(f"{request.method} {target} HTTP/1.1", bounds.MAX_URL + 20), headers,
                                 is_http_request=True)
         return self._writer.create_warc_record(url, "request", payload=BytesIO(post), length=len(post),
-                                               http_headers=http)
+                                               http_headers=http, warc_headers_dict=warc_headers)
 
     def _write_pair(self, request: Any, response: Any) -> None:
         with self._lock:
@@ -348,7 +355,8 @@ class WarcRecorder:
     async def finish(self, page: dict[str, Any], resources: list[Resource]) -> IO[bytes]:
         """Settle, add the page's metadata and resources, and return the WARC file (at its start).
 
-        The page's payloads join the worker's ``PayloadIndex`` from here on.
+        The page's payloads (``stored``) join the worker's ``PayloadIndex`` only once the
+        page's result stands: that is for the worker to say, not the recorder.
         """
         await self.settle()
         concurrent = {"WARC-Concurrent-To": self.main_record_id} if self.main_record_id else {}
@@ -371,7 +379,6 @@ class WarcRecorder:
                                                      length=len(data), warc_content_type=resource.content_type,
                                                      warc_headers_dict=headers)
             await asyncio.to_thread(self._write, record)
-        self.payloads.add(self._seen)
         self._spool.flush()
         self._spool.seek(0)
         return self._spool
