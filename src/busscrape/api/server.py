@@ -247,6 +247,7 @@ class ApiServer:
     # -- crawls -------------------------------------------------------------------------------
 
     async def create_crawl(self, request: web.Request) -> web.Response:
+        from busscrape.crawl.progress import unseeded
         from busscrape.crawl.run import make_spec, start_crawl
 
         body = await self._json_body(request)
@@ -264,6 +265,9 @@ class ApiServer:
             raise ApiError(503, "bus_unavailable", f"NATS did not answer ({exc!r}); sending the same request "
                                                    "again is safe") from None
         log.info("api.crawl", crawl_id=spec.crawl_id, **seeded.get("counts", {}))
+        nothing = unseeded(len(seeded.get("queued") or ()), seeded.get("skipped") or [])
+        if nothing is not None:  # stored all the same: the same request once the policy allows resumes it
+            raise ApiError(422, "crawl_seed_skipped", f"crawl {spec.crawl_id}: {nothing[1]}")
         return reply(CrawlStarted(crawl_id=spec.crawl_id, seeds=seeded.get("counts", {})), 202)
 
     async def get_crawl(self, request: web.Request) -> web.Response:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from busscrape.cli import options
-from busscrape.cli.app import app, out, run, settings
+from busscrape.cli.app import app, err, out, run, settings
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -93,13 +93,14 @@ def crawl_cmd(
         if not s.nats.url:
             options.usage("--detach needs a NATS URL (--nats-url, BUSSCRAPE_NATS__URL): an embedded crawl ends "
                           "with the command")
-        seeded = run(_detach(s, spec))
+        record = run(_detach(s, spec))
+        seeded = record.get("counts") or {}
         if task.as_json:
             sys.stdout.write(orjson.dumps({"crawl_id": spec.crawl_id, "seeds": seeded}).decode() + "\n")
         else:
             out.print(f"crawl {spec.crawl_id} started: {seeded.get('queued', 0)} seed(s) queued; "
                       f"`busscrape crawl status {spec.crawl_id}` follows it")
-        raise typer.Exit(0)
+        raise typer.Exit(_seeds_said(len(record.get("queued") or ()), record.get("skipped") or []) or 0)
     from busscrape.cli.run import execute, show_outcome
     from busscrape.ops.runner import RunOptions
 
@@ -109,7 +110,24 @@ def crawl_cmd(
     summary = run(execute(s, opts))
     show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive,
                  tables=(crawl_table(summary.crawl),) if summary.crawl is not None else ())
-    raise typer.Exit(exit_code(summary, False))
+    said = None
+    if summary.crawl is not None and not summary.interrupted:
+        said = _seeds_said(summary.crawl.seeds_queued, summary.crawl.seeds_skipped)
+    raise typer.Exit(said or exit_code(summary, False))
+
+
+def _seeds_said(queued: int, skipped: list[dict[str, str]]) -> int | None:
+    """Say which seeds were not queued and why; the exit code when none was (nothing to crawl)."""
+    from busscrape.crawl.progress import SEED_SKIPS, unseeded
+
+    nothing = unseeded(queued, skipped)
+    if nothing is not None:
+        err.print(nothing[1], soft_wrap=True, markup=False, highlight=False)
+        return nothing[0]
+    for seed in (s for s in skipped if s["reason"] == "blocked"):
+        err.print(f"{seed['url']} not queued: {SEED_SKIPS['blocked']}", soft_wrap=True, markup=False,
+                  highlight=False)
+    return None
 
 
 LIST_FLAGS = {
@@ -145,13 +163,12 @@ def build_spec(s: Settings, seeds: list[str], defaults: Any, **rules: Any) -> Cr
         options.usage(f"invalid crawl: {describe_validation_error(exc)}")
 
 
-async def _detach(s: Settings, spec: CrawlSpec) -> dict[str, int]:
+async def _detach(s: Settings, spec: CrawlSpec) -> dict[str, Any]:
     from busscrape.bus.connection import Bus
     from busscrape.crawl.run import start_crawl
 
     async with await Bus.connect(s, name="busscrape-crawl") as bus:
-        record = await start_crawl(bus, s, spec)
-    return record.get("counts") or {}
+        return await start_crawl(bus, s, spec)
 
 
 async def _status(s: Settings, crawl_id: str) -> CrawlSummary:
