@@ -111,7 +111,7 @@ def crawl_cmd(
     show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive,
                  tables=(crawl_table(summary.crawl),) if summary.crawl is not None else ())
     said = None
-    if summary.crawl is not None and not summary.interrupted:
+    if summary.crawl is not None and not summary.interrupted and summary.failure is None:
         said = _seeds_said(summary.crawl.seeds_queued, summary.crawl.seeds_skipped)
     raise typer.Exit(said or exit_code(summary, False))
 

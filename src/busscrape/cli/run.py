@@ -83,8 +83,10 @@ def show_outcome(s: Settings, summary: RunSummary, *, as_json: bool, wacz: str |
     where to look."""
     import orjson
 
+    if summary.failure is not None:
+        err.print(f"error: {summary.failure[1]}", soft_wrap=True, markup=False, highlight=False)
     packed = None
-    if wacz:
+    if wacz and summary.failure is None:
         from busscrape.cli.wacz import package
 
         packed = run(package(s, wacz, locations=summary.locations, archive=archive))
@@ -113,6 +115,7 @@ def summary_dict(summary: RunSummary) -> dict[str, object]:
             "dead_by_reason": dict(summary.dead_reasons), "unfinished": summary.unfinished,
             "letters_unarchived": summary.letters_unarchived, "interrupted": summary.interrupted,
             "seconds": round(summary.seconds, 3), "archive": summary.archive, "failed_daemons": summary.failed_daemons,
+            "error": summary.failure[1] if summary.failure is not None else None,
             "dispatch": summary.dispatch.as_dict() if summary.dispatch is not None else None}
 
 
@@ -249,6 +252,8 @@ def how_to_look(summary: RunSummary, s: Settings) -> str:
 
 
 def exit_code(summary: RunSummary, strict: bool) -> int:
+    if summary.failure is not None:
+        return summary.failure[0]
     if summary.interrupted:
         return EXIT_INTERRUPTED
     d = summary.dispatch
