@@ -196,7 +196,7 @@ class Runner:
                 await asyncio.to_thread(_import_after_spawn)
             # An invalid extractor file stops the run before it dispatches anything (the daemons
             # just spawned stop with it; each would refuse the file too).
-            Registry.load(self.settings.extract.dir)
+            Registry.with_bundled(self.settings.extract.dir)
             from busscrape.bus import names, provision, topology
             from busscrape.bus.connection import Bus
             from busscrape.status.tracker import Tracker
@@ -205,6 +205,10 @@ class Runner:
             definitions = topology.load(settings)
             if embedded:
                 await provision.apply(bus.js, definitions)
+                if self.pids.left:  # an earlier run on this state dir was killed: its tasks in flight
+                    from busscrape.ops.in_flight import reclaim
+
+                    await reclaim(bus)
             else:
                 await provision.require(bus.js, definitions, names.REQUIRED)
             log.info("run.streams_applied")
