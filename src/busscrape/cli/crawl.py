@@ -86,6 +86,7 @@ def crawl_cmd(
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
                  archive={"dir": archive}, dispatch=task.dispatch_settings(),
                  network={"allow": [*base.network.allow, *allow]})
+    task.check_extractor(s, local=not s.nats.url or with_daemons)
     spec = build_spec(s, seeds, task.defaults(), scope=scope, include=include, exclude=exclude, depth=depth,
                       max_pages=max_pages, sitemaps=sitemaps, sitemap_since=sitemap_since, robots=robots,
                       robots_agent=robots_agent, follow=follow)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from busscrape.dispatch.inputs import TaskDefaults
     from busscrape.model.messages import TaskOptions
     from busscrape.model.steps import Step
+    from busscrape.settings import Settings
 
 
 class TaskFlags(SimpleNamespace):
@@ -35,6 +36,25 @@ class TaskFlags(SimpleNamespace):
         """Exit 2 for what can be refused before anything starts."""
         if self.fmt not in ("auto", "urls", "jsonl"):
             usage(f"--format must be auto, urls or jsonl, not {self.fmt!r}")
+
+    def check_extractor(self, s: Settings, *, local: bool) -> None:
+        """``--extractor NAME`` against the extractors this process sees (the bundled ones and
+        BUSSCRAPE_EXTRACT__DIR's): refused (exit 2) when the workers are ``local`` (they see the
+        same, so every task would be dead-lettered ``unknown_extractor``); a warning otherwise
+        (workers elsewhere may have it)."""
+        if self.extractor is None:
+            return
+        from busscrape.errors import ConfigurationError
+        from busscrape.extract.registry import Registry
+
+        try:
+            Registry.with_bundled(s.extract.dir).get_or_explain(self.extractor)
+        except ConfigurationError as exc:
+            message = f"--extractor {self.extractor}: {exc.message}"
+            if local or exc.reason != "unknown_extractor":
+                usage(message)
+            err.print(f"[yellow]warning:[/] {safe(message)}; the workers will dead-letter every task "
+                      "unknown_extractor unless they have it", soft_wrap=True)
 
     def dispatch_settings(self) -> dict[str, Any]:
         """The ``dispatch`` settings section these flags override."""

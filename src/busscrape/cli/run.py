@@ -62,6 +62,7 @@ def run_cmd(
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
                  archive={"dir": archive}, dispatch=task.dispatch_settings(),
                  network={"allow": [*base.network.allow, *allow]})
+    task.check_extractor(s, local=not s.nats.url or with_daemons)
     with task.rejects_file() as rejects_out:
         def rejected(rejection: Rejection) -> None:
             if rejects_out is not None:
