@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from busscrape.bus import names
 from tests.support import crawl_site
@@ -41,3 +42,80 @@ def test_run_whose_worker_exits_with_a_configuration_error_stops_at_once_with_it
     assert str(rules) in result.stderr and "soon" in result.stderr, result.stderr
     summary = json.loads(result.stdout)
     assert summary["interrupted"] is False and "worker-1" in summary["error"]
+
+
+def test_extractors_are_found_outside_the_repository_and_a_folder_of_ones_own_adds_to_them(tmp_path):
+    """Issue 36.7: the bundled extractors are found wherever busscrape runs (as the streams are),
+    and BUSSCRAPE_EXTRACT__DIR's are added (used to be: an empty table outside the repository)."""
+    own = tmp_path / "extractors"
+    own.mkdir()
+    (own / "mine.toml").write_text('version = 1\n[fields.title]\ncss = "title"\n')
+    result = busscrape("extractors", "list", env=clean_env(COLUMNS="200"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "demo-product" in result.stdout and "mine" in result.stdout, result.stdout
+
+
+async def test_dispatch_and_run_check_the_extractor_name(applied, nats_url, tmp_path):
+    urls = tmp_path / "urls.txt"
+    urls.write_text("https://example.com/x\n")
+    env = clean_env(BUSSCRAPE_STATE_DIR=str(tmp_path / "state"))
+    refused = busscrape("run", str(urls), "--extractor", "nope", env=env, cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "--extractor nope: no extractor 'nope'" in refused.stderr and "demo-product" in refused.stderr
+    assert not (tmp_path / "state").exists()  # refused before anything started
+    remote = clean_env(BUSSCRAPE_NATS__URL=nats_url, BUSSCRAPE_STATE_DIR=str(tmp_path / "state"))
+    warned = busscrape("dispatch", str(urls), "--extractor", "nope", "--json", env=remote, cwd=tmp_path)
+    assert warned.returncode == 0 and "warning: --extractor nope" in warned.stderr, warned.stderr
+    known = busscrape("dispatch", str(urls), "--extractor", "demo-product", "--force", env=remote, cwd=tmp_path)
+    assert known.returncode == 0 and "warning" not in known.stderr, known.stderr
+
+
+def archived_record(archive, record: dict, extractor: str = "demo-product") -> None:
+    folder = archive / "dt=2026-01-02" / "host=shop.test" / "t1"
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text("{}")
+    (folder / "extracted.json").write_text(json.dumps({
+        "extractor": extractor, "task_id": "t1", "url": "http://shop.test/k", "scraped_at": "2026-01-02T10:00:00+00:00",
+        "version": 1, "record": record}))
+
+
+REVIEWED = {"name": "Kettle", "price": "19.90", "currency": "EUR", "availability": "InStock",
+            "reviews": [{"author": "ann", "rating": 5, "date": "2026-01-01"}, {"author": "bob", "rating": None,
+                                                                              "date": None}]}
+
+
+def test_export_parquet_types_nested_dates_as_date32_in_a_list_of_structs(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    archived_record(tmp_path / "archive", REVIEWED)
+    out = tmp_path / "p.parquet"
+    result = busscrape("export", "--extractor", "demo-product", "--format", "parquet", "-o", str(out),
+                       "--archive", str(tmp_path / "archive"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    schema = pq.read_schema(out)
+    assert schema.field("reviews").type == pa.list_(pa.struct([("author", pa.string()), ("rating", pa.int64()),
+                                                               ("date", pa.date32())]))
+    [row] = pq.read_table(out).to_pylist()
+    assert row["reviews"][0]["date"].isoformat() == "2026-01-01" and row["reviews"][1]["date"] is None
+
+
+def test_export_parquet_without_pyarrow_is_one_line_and_exit_2(tmp_path):
+    blocker = tmp_path / "blocker"
+    (blocker / "pyarrow").mkdir(parents=True)
+    (blocker / "pyarrow" / "__init__.py").write_text("raise ImportError('pyarrow is not installed here')\n")
+    archived_record(tmp_path / "archive", REVIEWED)
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")]))
+    result = busscrape("export", "--extractor", "demo-product", "--format", "parquet", "-o", str(tmp_path / "p.pq"),
+                       "--archive", str(tmp_path / "archive"), env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == "error: --format parquet needs pyarrow: pip install 'busscrape[export]'"
+
+
+def test_export_of_an_extractor_nobody_has_is_exit_2(tmp_path):
+    (tmp_path / "archive").mkdir()
+    result = busscrape("export", "--extractor", "nope", "--archive", str(tmp_path / "archive"), cwd=tmp_path)
+    assert result.returncode == 2 and "no extractor 'nope'" in result.stderr, result.stderr
+    archived_record(tmp_path / "archive", {"x": 1}, extractor="gone")  # its file removed since: still exported
+    kept = busscrape("export", "--extractor", "gone", "--archive", str(tmp_path / "archive"), cwd=tmp_path)
+    assert kept.returncode == 0 and json.loads(kept.stdout)["x"] == 1, kept.stderr
