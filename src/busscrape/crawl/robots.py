@@ -39,6 +39,10 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.lower()}"
 
 
+USER_AGENT = "busscrape"
+"""What busscrape's own requests (robots.txt, sitemaps) say they are."""
+
+
 def _key(origin: str) -> str:
     return hashlib.sha256(origin.encode()).hexdigest()[:24]
 
@@ -46,7 +50,7 @@ def _key(origin: str) -> str:
 class Robots:
     """The robots.txt rules of every origin a crawl meets."""
 
-    def __init__(self, state: CrawlState, policy: NetworkPolicy, user_agent: str = "busscrape") -> None:
+    def __init__(self, state: CrawlState, policy: NetworkPolicy, user_agent: str = USER_AGENT) -> None:
         self.state = state
         self.policy = policy
         self.user_agent = user_agent
