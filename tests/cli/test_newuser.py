@@ -94,6 +94,7 @@ def test_export_parquet_types_nested_dates_as_date32_in_a_list_of_structs(tmp_pa
                        "--archive", str(tmp_path / "archive"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     schema = pq.read_schema(out)
+    assert schema.field("price").type == pa.decimal128(38, 2)
     assert schema.field("reviews").type == pa.list_(pa.struct([("author", pa.string()), ("rating", pa.int64()),
                                                                ("date", pa.date32())]))
     [row] = pq.read_table(out).to_pylist()
@@ -119,3 +120,33 @@ def test_export_of_an_extractor_nobody_has_is_exit_2(tmp_path):
     archived_record(tmp_path / "archive", {"x": 1}, extractor="gone")  # its file removed since: still exported
     kept = busscrape("export", "--extractor", "gone", "--archive", str(tmp_path / "archive"), cwd=tmp_path)
     assert kept.returncode == 0 and json.loads(kept.stdout)["x"] == 1, kept.stderr
+
+
+def test_reindex_of_a_state_dir_with_no_archive_is_refused_and_creates_nothing(tmp_path):
+    state = tmp_path / "new"
+    result = busscrape("search", "--reindex", env=clean_env(BUSSCRAPE_STATE_DIR=str(state)), cwd=tmp_path)
+    assert result.returncode == 2 and f"no archive at {state / 'archive'}" in result.stderr, result.stderr
+    assert not state.exists()
+
+
+def test_crawl_status_not_found_is_1_and_a_malformed_id_is_2(applied, nats_url, tmp_path):
+    env = clean_env(BUSSCRAPE_NATS__URL=nats_url)
+    missing = busscrape("crawl", "status", "deadbeefdeadbeef", env=env, cwd=tmp_path)
+    assert missing.returncode == 1 and "no crawl deadbeefdeadbeef" in missing.stderr, missing.stderr
+    malformed = busscrape("crawl", "status", "nothex", env=env, cwd=tmp_path)
+    assert malformed.returncode == 2 and "16 lower-case hex" in malformed.stderr, malformed.stderr
+
+
+def test_crawl_help_lists_no_flag_crawl_refuses_and_the_refusal_says_why(tmp_path):
+    shown = busscrape("crawl", "--help", env=clean_env(COLUMNS="200"), cwd=tmp_path)
+    assert shown.returncode == 0 and "--label" in shown.stdout
+    for flag in ("--format", "--rejects", "--strict", "--force"):
+        assert flag not in shown.stdout, flag
+    refused = busscrape("crawl", "http://x.test/", "--force", cwd=tmp_path)
+    assert refused.returncode == 2 and "--force is not for `busscrape crawl`" in refused.stderr
+
+
+def test_wacz_of_a_folder_that_is_not_there_says_so(tmp_path):
+    (tmp_path / "archive").mkdir()
+    result = busscrape("wacz", "x", "--folder", "nope/nope", "--archive", str(tmp_path / "archive"), cwd=tmp_path)
+    assert result.returncode == 2 and "nope/nope: no meta.json" in result.stderr, result.stderr

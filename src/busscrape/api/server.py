@@ -272,9 +272,10 @@ class ApiServer:
 
     async def get_crawl(self, request: web.Request) -> web.Response:
         from busscrape.crawl.run import crawl_status
+        from busscrape.crawl.spec import CRAWL_ID
 
         crawl_id = request.match_info["crawl_id"]
-        if not re.fullmatch(r"[0-9a-f]{16}", crawl_id):
+        if not CRAWL_ID.fullmatch(crawl_id):
             raise ApiError(400, "invalid_crawl_id", "a crawl id is 16 lower-case hex characters")
         with unavailable_as_503("CRAWLS"):
             summary = await crawl_status(self.bus, crawl_id)

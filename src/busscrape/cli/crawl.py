@@ -11,6 +11,7 @@ import typer
 
 from busscrape.cli import options
 from busscrape.cli.app import app, err, out, run, settings
+from busscrape.errors import EXIT_PARTIAL
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -34,7 +35,7 @@ status ID` shows a crawl's progress. Exit codes: 0 done; 1 pages unfinished; 2 c
 
 
 @app.command("crawl", help=HELP)
-@options.task_options
+@options.task_options(hidden=("fmt", "rejects", "strict", "force"))
 def crawl_cmd(
     seeds: list[str] = typer.Argument(..., metavar="SEED…", help="Start URLs (depth 0); `status ID` shows a crawl."),
     scope: str = typer.Option("host", "--scope", help="page, prefix, host, domain (registrable domain) or any."),
@@ -72,6 +73,11 @@ def crawl_cmd(
     if seeds[0] == "status":
         if len(seeds) != 2:
             options.usage("write `busscrape crawl status CRAWL_ID`")
+        from busscrape.crawl.spec import CRAWL_ID
+
+        if not CRAWL_ID.fullmatch(seeds[1]):
+            options.usage(f"crawl id {seeds[1]!r}: a crawl id is 16 lower-case hex characters (printed when the "
+                          "crawl starts)")
         s = settings(nats={"url": nats_url}, state_nats=True)
         summary = run(_status(s, seeds[1]))
         _print(summary, task.as_json)
@@ -178,8 +184,9 @@ async def _status(s: Settings, crawl_id: str) -> CrawlSummary:
 
     async with await Bus.connect(s, name="busscrape-crawl-status") as bus:
         summary = await crawl_status(bus, crawl_id)
-    if summary is None:
-        options.usage(f"no crawl {crawl_id!r} on this server (its id is printed when it starts)")
+    if summary is None:  # as `dlq show` of no letter: not found is 1, a malformed id 2
+        err.print(f"no crawl {crawl_id} on this server", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(EXIT_PARTIAL)
     return summary
 
 

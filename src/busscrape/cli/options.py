@@ -9,6 +9,7 @@ there (then using ``task.<name>`` where it takes effect) adds the flag to every 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterator
@@ -124,15 +125,24 @@ TASK_OPTIONS: list[tuple[str, Any, Any]] = [
 ]
 
 
-def task_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def task_options(command: Callable[..., Any] | None = None, *,
+                 hidden: tuple[str, ...] = ()) -> Any:
     """Give ``command`` every flag of ``TASK_OPTIONS``; it receives them as ``task: TaskFlags``.
+    Those named in ``hidden`` (TaskFlags fields) are left out of its ``--help``: flags it refuses
+    with a reason (``crawl``'s list flags), never ones it takes.
 
     Typer reads a command's parameters from its signature, so the wrapper's signature is the
     command's own (without ``task``) followed by the shared flags.
     """
+    if command is None:
+        return functools.partial(task_options, hidden=hidden)
     own = [p for p in inspect.signature(command).parameters.values() if p.name != "task"]
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-              for name, annotation, option in TASK_OPTIONS]
+    shared = []
+    for name, annotation, option in TASK_OPTIONS:
+        if name in hidden:
+            option = copy.copy(option)
+            option.hidden = True
+        shared.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:

@@ -88,6 +88,10 @@ class CrawlSpec(Message):
         return hashlib.sha256(b"crawl:" + body).hexdigest()[:16]
 
 
+CRAWL_ID = re.compile(r"[0-9a-f]{16}")
+"""What a crawl id looks like (``CrawlSpec.crawl_id``): anything else is a malformed id, not an unknown crawl."""
+
+
 def crawl_task_id(crawl_id: str, url: str, steps: tuple[Step, ...] = (), options: TaskOptions | None = None, *,
                   tail: bytes | None = None) -> str:
     """The task id of ``url`` in crawl ``crawl_id`` (``tail``: ``identity_tail(steps, options)``,

@@ -123,14 +123,14 @@ def write_parquet(rows: list[dict[str, Any]], path: Path, names: list[str], defi
 def _sub_fields(spec: Any) -> dict[str, Any]:
     """A field's items' sub-fields (from its alternatives, the first to name one wins)."""
     found: dict[str, Any] = {}
-    for alt in spec.any or (spec,):
+    for alt in spec.sources():
         for name, sub in (alt.fields or {}).items():
             found.setdefault(name, sub)
     return found
 
 
 def _scalar(spec: Any) -> str:
-    return (spec.any or (spec,))[0].type
+    return spec.sources()[0].type
 
 
 def _arrow_type(pa: Any, spec: Any) -> Any:
