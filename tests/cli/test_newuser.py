@@ -150,3 +150,31 @@ def test_wacz_of_a_folder_that_is_not_there_says_so(tmp_path):
     (tmp_path / "archive").mkdir()
     result = busscrape("wacz", "x", "--folder", "nope/nope", "--archive", str(tmp_path / "archive"), cwd=tmp_path)
     assert result.returncode == 2 and "nope/nope: no meta.json" in result.stderr, result.stderr
+
+
+async def test_sessions_commands_reopen_the_state_dirs_nats_and_say_what_they_did(tmp_path):
+    """Issue 36.9 and 18: after `run --session` on the embedded default, `sessions` reaches the
+    run's store as status and dlq do; drop names what it dropped; list --json has ISO times."""
+    import time
+
+    from busscrape.bus import provision, topology
+    from busscrape.bus.connection import Bus
+    from busscrape.ops.nats_server import EmbeddedNatsServer
+    from busscrape.worker.sessions import SessionStore, Stored
+    from tests.conftest import make_settings
+
+    state = tmp_path / "state"
+    with EmbeddedNatsServer(state / "nats") as server:  # what an embedded run leaves behind
+        s = make_settings(tmp_path, server.url)
+        async with await Bus.connect(s, name="setup") as bus:
+            await provision.apply(bus.js, topology.load(s))
+            await SessionStore(bus.js).put(Stored(name="shop-1", state={"cookies": []}, logged_in_at=time.time(),
+                                                  expires_at=time.time() + 3600))
+    env = clean_env(BUSSCRAPE_STATE_DIR=str(state))
+    listed = busscrape("sessions", "list", "--json", env=env, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    row = json.loads(listed.stdout)
+    assert row["session"] == "shop-1" and row["expires_at"].endswith("+00:00") and "T" in row["logged_in_at"]
+    dropped = busscrape("sessions", "drop", "shop-1", "nope", env=env, cwd=tmp_path)
+    assert dropped.returncode == 1 and "dropped session shop-1" in dropped.stdout, dropped.stdout + dropped.stderr
+    assert "no session nope" in dropped.stderr
