@@ -178,3 +178,11 @@ async def test_sessions_commands_reopen_the_state_dirs_nats_and_say_what_they_di
     dropped = busscrape("sessions", "drop", "shop-1", "nope", env=env, cwd=tmp_path)
     assert dropped.returncode == 1 and "dropped session shop-1" in dropped.stdout, dropped.stdout + dropped.stderr
     assert "no session nope" in dropped.stderr
+
+
+def test_config_shows_lists_and_mappings_in_the_form_they_are_set(tmp_path):
+    allow = '["127.0.0.2/32","intranet:443"]'
+    result = busscrape("config", env=clean_env(BUSSCRAPE_NETWORK__ALLOW=allow, COLUMNS="400"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stdout.splitlines() if "BUSSCRAPE_NETWORK__ALLOW " in line]
+    assert allow in line and "['" not in line, line
