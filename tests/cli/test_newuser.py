@@ -186,3 +186,21 @@ def test_config_shows_lists_and_mappings_in_the_form_they_are_set(tmp_path):
     assert result.returncode == 0, result.stderr
     [line] = [line for line in result.stdout.splitlines() if "BUSSCRAPE_NETWORK__ALLOW " in line]
     assert allow in line and "['" not in line, line
+
+
+async def test_off_a_terminal_help_is_not_cut_and_dlq_show_is_not_padded(applied, nats_url, tmp_path):
+    """Issue 36.19: piped, `--help` keeps each command's whole first sentence and `dlq show`'s
+    lines end where their text does."""
+    from busscrape.deadletters import filing
+    from busscrape.model.messages import DeadLetter
+
+    helped = busscrape("--help", cwd=tmp_path)
+    assert helped.returncode == 0
+    assert not [line for line in helped.stdout.splitlines() if line.endswith("...") and "Usage" not in line]
+    assert "de-duplicate every URL in INPUT, and queue one task per new URL." in helped.stdout
+    await filing.file(applied.js, DeadLetter(task_id="a" * 32, stage="worker", reason="http_404", error="HTTP 404",
+                                             url="http://shop.test/x"), msg_id="newuser-19")
+    seq = (await applied.js.stream_info(names.DEADLETTER_STREAM)).state.last_seq
+    shown = busscrape("dlq", "show", str(seq), env=clean_env(BUSSCRAPE_NATS__URL=nats_url), cwd=tmp_path)
+    assert shown.returncode == 0 and "http_404" in shown.stdout, shown.stderr
+    assert [line for line in shown.stdout.splitlines() if line != line.rstrip(" ")] == []
