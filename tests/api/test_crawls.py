@@ -68,3 +68,24 @@ async def test_get_crawls_answers_404_and_400(http):
     assert (await call(http, "GET", "/crawls/0123456789abcdef"))[0] == 404
     status, answer = await call(http, "GET", "/crawls/nope")
     assert status == 400 and error_of(answer) == "invalid_crawl_id"
+
+
+async def test_a_crawl_whose_seed_was_blocked_is_422_then_runs_once_the_api_allows_it(applied, settings, site):
+    """Issue 36.1: a seed the network policy refused is checked again when the same crawl is
+    asked for again (the API restarted with the allow list), not blocked for good."""
+    crawl_site.install(site)
+    body = {"seeds": [site.url("/b")], "depth": 0}
+    closed = settings.with_overrides(api={"port": 0, "token": TOKEN})
+    async with ApiServer(applied, closed) as server, aiohttp.ClientSession(base_url=server.url, headers=AUTH) as s:
+        status, answer = await call(s, "POST", "/crawls", json=body)
+    assert status == 422 and error_of(answer) == "crawl_seed_skipped", answer
+    assert site.url("/b") in answer["error"]["message"] and "--allow" in answer["error"]["message"]
+    assert await stream_messages(applied.js, names.SEEN_STREAM) == []
+    opened = closed.with_overrides(network={"allow": [f"{site.hosts[0]}/32"]})
+    async with ApiServer(applied, opened) as server, aiohttp.ClientSession(base_url=server.url, headers=AUTH) as s:
+        status, started = await call(s, "POST", "/crawls", json=body)
+        assert status == 202 and started["seeds"]["queued"] == 1 and started["seeds"]["blocked"] == 0, started
+        status, again = await call(s, "POST", "/crawls", json=body)
+    assert (status, again["seeds"]["queued"]) == (202, 1)  # resumed: queued once
+    [msg] = await stream_messages(applied.js, names.SEEN_STREAM)
+    assert decode(ScrapeTask, msg.data).url == site.url("/b")

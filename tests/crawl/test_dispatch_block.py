@@ -38,3 +38,26 @@ async def test_a_crawl_line_seeds_a_crawl_and_a_rerun_finds_it_seeded(applied, s
     async with Dispatcher(applied, s) as dispatcher:
         again = await dispatcher.dispatch(str(path))
     assert (again.published, again.already_seen) == (0, 2)  # resumed, nothing queued twice
+
+
+async def test_a_crawl_line_whose_seed_was_blocked_runs_when_dispatched_again_with_the_allow_list(
+        applied, settings, site, tmp_path):
+    """Issue 36.1 (and 11): the rejection names the reason in words, and the same line dispatched
+    again by a dispatcher whose policy allows the address queues the seed."""
+    crawl_site.install(site)
+    path = tmp_path / "crawl.jsonl"
+    path.write_text(f'{{"url": "{site.url("/b")}", "crawl": {{"depth": 0}}}}\n')
+    rejected: list[Rejection] = []
+    async with Dispatcher(applied, settings, on_rejected=rejected.append) as dispatcher:
+        first = await dispatcher.dispatch(str(path))
+    [rejection] = rejected
+    assert (first.published, rejection.reason) == (0, "crawl_seed_skipped")
+    assert "the seed was not queued: blocked (the network policy refuses its address" in rejection.detail
+    assert "[{" not in rejection.detail  # words, not a Python repr
+    s = settings.with_overrides(network={"allow": [f"{site.hosts[0]}/32"]})
+    crawls: list[str] = []
+    async with Dispatcher(applied, s, on_crawl=crawls.append) as dispatcher:
+        again = await dispatcher.dispatch(str(path))
+    assert (again.published, again.invalid) == (1, 0)
+    record = await CrawlState(applied.js).page(crawls[0], SEEDS)
+    assert len(record["queued"]) == 1 and record["counts"]["blocked"] == 0 and record["skipped"] == []

@@ -539,3 +539,28 @@ async def test_a_backtracking_exclude_pattern_on_a_pages_hostile_urls_is_cut_off
     record = await frontier.state.page(spec.crawl_id, page.task_id)
     assert record["counts"]["excluded"] == 20 and record["counts"]["queued"] == 1
     assert record["queued"] == [crawl_task_id(spec.crawl_id, site.url("/b"))]
+
+async def test_sitemaps_asks_only_for_the_declared_ones_and_sitemap_xml_as_busscrape(site):
+    """Issue 36.6: robots.txt and /sitemap.xml, never the parser's dozen guessed paths, with
+    busscrape's User-Agent (not aiohttp's)."""
+    from aiohttp import web
+
+    from busscrape.crawl.sitemaps import sitemap_urls
+    from busscrape.net.policy import NetworkPolicy
+
+    agents: list[str] = []
+
+    def serve(body: str, kind: str):
+        async def handler(request):
+            agents.append(request.headers.get("User-Agent", ""))
+            return web.Response(text=body, content_type=kind)
+        return handler
+
+    site.route("/robots.txt")(serve("User-agent: *\nAllow: /\n", "text/plain"))
+    site.route("/sitemap.xml")(serve(f'<?xml version="1.0" encoding="UTF-8"?><urlset xmlns='
+                                     f'"http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>{site.url("/p")}'
+                                     '</loc></url></urlset>', "application/xml"))
+    urls = await sitemap_urls([site.url("/")], NetworkPolicy.from_settings([f"{site.hosts[0]}/32"]))
+    assert urls == [site.url("/p")]
+    assert {path for (_, path) in site.hits} == {"/robots.txt", "/sitemap.xml"}, dict(site.hits)
+    assert agents == ["busscrape", "busscrape"]

@@ -22,7 +22,7 @@ from busscrape.model.messages import ScrapeResult, decode
 from busscrape.status.records import StatusBoard
 from busscrape.status.tracker import Tracker
 from tests.conftest import make_settings, wipe
-from tests.e2e.test_run import cli, metas, run_env
+from tests.e2e.test_run import clean_env, cli, metas, run_env
 from tests.support import crawl_site, pages
 from tests.support.bus import stream_messages, wait_until
 from tests.support.procs import env_for, kill9, spawn
@@ -273,3 +273,22 @@ async def test_a_500_page_graph_over_two_hosts_interrupted_and_resumed_archives_
 
 async def _at_least(archive, n: int) -> bool:
     return len(metas(archive)) >= n
+
+
+async def test_a_crawl_whose_seed_was_blocked_says_so_and_runs_when_asked_again_with_allow(tmp_path, site):
+    """Issue 36.1, as the README runs it: without --allow the seed is refused (exit 2, which seed
+    and how to open it); the same command with --allow resumes the same crawl and archives it."""
+    crawl_site.install(site)
+    env = clean_env(BUSSCRAPE_STATE_DIR=str(tmp_path / "state"))
+    args = ["crawl", site.url("/b"), "--depth", "0", "-w", "1", "--json"]
+    proc = cli(args, tmp_path, env)
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=300)
+    assert proc.returncode == 2, output[-3000:]
+    assert "nothing to crawl" in output and f"{site.url('/b')}: blocked" in output and "--allow" in output
+    first = json.loads(next(line for line in output.splitlines() if line.startswith("{")))
+    proc = cli([*args, "--allow", site.hosts[0]], tmp_path, env)
+    output, _ = await asyncio.to_thread(proc.communicate, timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+    again = json.loads(next(line for line in output.splitlines() if line.startswith("{")))
+    assert again["crawl"]["crawl_id"] == first["crawl"]["crawl_id"] and again["archived"] == 1
+    assert archived_paths(tmp_path / "state" / "archive") == Counter({"b": 1})

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
@@ -375,3 +376,39 @@ async def test_the_hints_after_a_run_are_commands_that_work_on_its_state_dir(tmp
     rows = {line.strip("│ ").split("│")[0].strip(): line for line in output.splitlines() if "│" in line}
     assert "already seen (dispatched before)" in rows and "by an earlier run" in rows, output
     assert "(0 archived by this run)" in output, output
+
+
+async def test_a_run_after_a_killed_run_takes_its_tasks_in_flight_back_at_once(tmp_path, site):
+    """Issue 36.20: `kill -KILL` of a run while a page renders; the next run on the state dir
+    knows the earlier one died and naks that delivery, instead of waiting for ack_wait (600 s
+    here: the run would outlast the test's bound)."""
+    calls = []
+
+    @site.route("/once")
+    async def once(_):  # hangs the first time, answers after
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.sleep(3600)
+        return web.Response(text="<title>back</title>", content_type="text/html")
+
+    path = tmp_path / "urls.txt"
+    path.write_text(site.url("/once") + "\n")
+    env = run_env(tmp_path, site, BUSSCRAPE_STREAMS__WORKER_ACK_WAIT="600s")
+    proc = cli(["run", str(path), "--workers", "1"], tmp_path, env)
+    for _ in range(1200):
+        if calls or proc.poll() is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert calls, "the page was never requested"
+    children = children_of(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    for _ in range(600):
+        if not any(running(pid) for pid in children):
+            break
+        await asyncio.sleep(0.1)
+    again = cli(["run", str(path), "--workers", "1", "--json"], tmp_path, env)
+    output, _ = await asyncio.to_thread(again.communicate, timeout=240)
+    assert again.returncode == 0, output[-3000:]
+    summary = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+    assert (summary["tasks"], summary["archived"]) == (1, 1) and len(calls) == 2

@@ -174,7 +174,8 @@ def _json(ref: str, description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     meaning = {400: "Invalid request", 401: "Missing or wrong bearer token", 404: "Not found",
-               413: "Request body too large", 415: "Body is not JSON", 503: "Unavailable"}
+               413: "Request body too large", 415: "Body is not JSON",
+               422: "Nothing to crawl: no seed could be queued (crawl_seed_skipped)", 503: "Unavailable"}
     return {str(c): _json("#/components/schemas/ErrorBody", meaning[c]) for c in codes}
 
 
@@ -255,7 +256,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/CrawlRequest"}}}},
                     "responses": {"202": _json("#/components/schemas/CrawlStarted", "The crawl's id"),
-                                  **_errors(400, *map(int, auth), 413, 415, 503)},
+                                  **_errors(400, *map(int, auth), 413, 415, 422, 503)},
                     **secured,
                 },
             },

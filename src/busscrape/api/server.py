@@ -247,6 +247,7 @@ class ApiServer:
     # -- crawls -------------------------------------------------------------------------------
 
     async def create_crawl(self, request: web.Request) -> web.Response:
+        from busscrape.crawl.progress import unseeded
         from busscrape.crawl.run import make_spec, start_crawl
 
         body = await self._json_body(request)
@@ -264,13 +265,17 @@ class ApiServer:
             raise ApiError(503, "bus_unavailable", f"NATS did not answer ({exc!r}); sending the same request "
                                                    "again is safe") from None
         log.info("api.crawl", crawl_id=spec.crawl_id, **seeded.get("counts", {}))
+        nothing = unseeded(len(seeded.get("queued") or ()), seeded.get("skipped") or [])
+        if nothing is not None:  # stored all the same: the same request once the policy allows resumes it
+            raise ApiError(422, "crawl_seed_skipped", f"crawl {spec.crawl_id}: {nothing[1]}")
         return reply(CrawlStarted(crawl_id=spec.crawl_id, seeds=seeded.get("counts", {})), 202)
 
     async def get_crawl(self, request: web.Request) -> web.Response:
         from busscrape.crawl.run import crawl_status
+        from busscrape.crawl.spec import CRAWL_ID
 
         crawl_id = request.match_info["crawl_id"]
-        if not re.fullmatch(r"[0-9a-f]{16}", crawl_id):
+        if not CRAWL_ID.fullmatch(crawl_id):
             raise ApiError(400, "invalid_crawl_id", "a crawl id is 16 lower-case hex characters")
         with unavailable_as_503("CRAWLS"):
             summary = await crawl_status(self.bus, crawl_id)

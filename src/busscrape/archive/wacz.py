@@ -84,8 +84,12 @@ async def pack(storage: Storage, folders: Iterable[str], name: str, *, prefix: s
             pages.append(page)
             held.append(folder)
         if not warcs:
-            raise PermanentError(f"no page WARC to package in {len(wanted)} folders (ask for the warc artifact: "
-                                 "--artifacts …,warc)", reason="no_warcs")
+            if not wanted:
+                raise PermanentError("no page WARC to package: no page folder found (--folder KEY, --under PREFIX)",
+                                     reason="no_warcs")
+            said = "; ".join(skipped[:5]) + (f"; … {len(skipped) - 5} more" if len(skipped) > 5 else "")
+            raise PermanentError(f"no page WARC to package: {said} (a page has its WARC when its task asks for "
+                                 "the warc artifact: --artifacts …,warc)", reason="no_warcs")
         pages_file = work / "pages.jsonl"
         pages_file.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in [
             {"format": "json-pages-1.0", "id": "pages", "title": name}, *pages]))

@@ -187,6 +187,16 @@ def stream_info_subject(stream: str) -> str:
     return f"{JS_API}.STREAM.INFO.{stream}"
 
 
+TASKS_ALL = f"{PREFIX}.tasks.>"
+
+
+def ack_subject(stream: str, consumer: str, stream_seq: int, consumer_seq: int) -> str:
+    """The ack reply subject of a delivery (v1 form), for acting on a delivery whose receiver
+    died (``ops.in_flight``). The server checks that ``consumer_seq`` lies between the ack
+    floor and the last delivery and that ``stream_seq`` is pending; the counts are advisory."""
+    return f"$JS.ACK.{stream}.{consumer}.1.{stream_seq}.{consumer_seq}.0.0"
+
+
 # -- headers --------------------------------------------------------------------------------
 
 MSG_ID = "Nats-Msg-Id"

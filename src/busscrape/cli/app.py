@@ -7,8 +7,10 @@ load no settings, no NATS client and no browser (``bench/cli_startup.py`` measur
 
 from __future__ import annotations
 
+import io
+import sys
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
@@ -29,6 +31,10 @@ EPILOG = (
     "exit-code table has every case). Settings come from BUSSCRAPE_* variables (see `busscrape config`)."
 )
 
+# Off a terminal (a pipe, a file, a CI log) lines are as long as they are: rich would otherwise
+# wrap at 80 columns, split paths mid-hash and cut table cells with "…".
+_UNBOUNDED = 1_000_000
+
 app = typer.Typer(
     name="busscrape",
     help="An event-driven browser-scraping bus over NATS JetStream.",
@@ -37,12 +43,37 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    # Off a terminal click would fit --help to 80 columns and cut each command's line with "…".
+    context_settings={} if sys.stdout.isatty() else {"terminal_width": _UNBOUNDED, "max_content_width": _UNBOUNDED},
 )
 
 
-# Off a terminal (a pipe, a file, a CI log) lines are as long as they are: rich would otherwise
-# wrap at 80 columns, split paths mid-hash and cut table cells with "…".
-_UNBOUNDED = 1_000_000
+
+class _Unpadded(io.TextIOBase):
+    """Off a terminal: the console's lines without the spaces rich pads them with (a table's
+    last column), written to whatever ``sys.stdout``/``sys.stderr`` is at the time."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._line = ""
+
+    def _target(self) -> IO[str]:
+        return sys.stderr if self._stderr else sys.stdout
+
+    def write(self, text: str) -> int:
+        *done, self._line = (self._line + text).split("\n")
+        if done:
+            self._target().write("".join(line.rstrip(" ") + "\n" for line in done))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._line:
+            self._target().write(self._line)
+            self._line = ""
+        self._target().flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 class _Lazy:
@@ -62,7 +93,7 @@ class _Lazy:
 
             console = Console(stderr=self._stderr, highlight=False)
             if not console.is_terminal:
-                console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=_UNBOUNDED)
+                console = Console(file=_Unpadded(self._stderr), highlight=False, soft_wrap=True, width=_UNBOUNDED)
             self._console = console
         return getattr(self._console, name)
 

@@ -45,6 +45,9 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 
 
 def _short(value: Any) -> str:
-    text = str(value)
+    import orjson
+
+    # A list or a mapping as JSON: the form its environment variable takes (not a Python repr).
+    text = orjson.dumps(value).decode() if isinstance(value, list | dict) else str(value)
     # Shortened only for a reader at a terminal: a pipe gets the whole value.
     return text if len(text) <= 40 or not out.is_terminal else text[:39] + "…"

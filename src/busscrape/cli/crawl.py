@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from busscrape.cli import options
-from busscrape.cli.app import app, out, run, settings
+from busscrape.cli.app import app, err, out, run, settings
+from busscrape.errors import EXIT_PARTIAL
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -34,7 +35,7 @@ status ID` shows a crawl's progress. Exit codes: 0 done; 1 pages unfinished; 2 c
 
 
 @app.command("crawl", help=HELP)
-@options.task_options
+@options.task_options(hidden=("fmt", "rejects", "strict", "force"))
 def crawl_cmd(
     seeds: list[str] = typer.Argument(..., metavar="SEED…", help="Start URLs (depth 0); `status ID` shows a crawl."),
     scope: str = typer.Option("host", "--scope", help="page, prefix, host, domain (registrable domain) or any."),
@@ -72,6 +73,11 @@ def crawl_cmd(
     if seeds[0] == "status":
         if len(seeds) != 2:
             options.usage("write `busscrape crawl status CRAWL_ID`")
+        from busscrape.crawl.spec import CRAWL_ID
+
+        if not CRAWL_ID.fullmatch(seeds[1]):
+            options.usage(f"crawl id {seeds[1]!r}: a crawl id is 16 lower-case hex characters (printed when the "
+                          "crawl starts)")
         s = settings(nats={"url": nats_url}, state_nats=True)
         summary = run(_status(s, seeds[1]))
         _print(summary, task.as_json)
@@ -86,6 +92,7 @@ def crawl_cmd(
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
                  archive={"dir": archive}, dispatch=task.dispatch_settings(),
                  network={"allow": [*base.network.allow, *allow]})
+    task.check_extractor(s, local=not s.nats.url or with_daemons)
     spec = build_spec(s, seeds, task.defaults(), scope=scope, include=include, exclude=exclude, depth=depth,
                       max_pages=max_pages, sitemaps=sitemaps, sitemap_since=sitemap_since, robots=robots,
                       robots_agent=robots_agent, follow=follow)
@@ -93,13 +100,14 @@ def crawl_cmd(
         if not s.nats.url:
             options.usage("--detach needs a NATS URL (--nats-url, BUSSCRAPE_NATS__URL): an embedded crawl ends "
                           "with the command")
-        seeded = run(_detach(s, spec))
+        record = run(_detach(s, spec))
+        seeded = record.get("counts") or {}
         if task.as_json:
             sys.stdout.write(orjson.dumps({"crawl_id": spec.crawl_id, "seeds": seeded}).decode() + "\n")
         else:
             out.print(f"crawl {spec.crawl_id} started: {seeded.get('queued', 0)} seed(s) queued; "
                       f"`busscrape crawl status {spec.crawl_id}` follows it")
-        raise typer.Exit(0)
+        raise typer.Exit(_seeds_said(len(record.get("queued") or ()), record.get("skipped") or []) or 0)
     from busscrape.cli.run import execute, show_outcome
     from busscrape.ops.runner import RunOptions
 
@@ -109,7 +117,24 @@ def crawl_cmd(
     summary = run(execute(s, opts))
     show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive,
                  tables=(crawl_table(summary.crawl),) if summary.crawl is not None else ())
-    raise typer.Exit(exit_code(summary, False))
+    said = None
+    if summary.crawl is not None and not summary.interrupted and summary.failure is None:
+        said = _seeds_said(summary.crawl.seeds_queued, summary.crawl.seeds_skipped)
+    raise typer.Exit(said or exit_code(summary, False))
+
+
+def _seeds_said(queued: int, skipped: list[dict[str, str]]) -> int | None:
+    """Say which seeds were not queued and why; the exit code when none was (nothing to crawl)."""
+    from busscrape.crawl.progress import SEED_SKIPS, unseeded
+
+    nothing = unseeded(queued, skipped)
+    if nothing is not None:
+        err.print(nothing[1], soft_wrap=True, markup=False, highlight=False)
+        return nothing[0]
+    for seed in (s for s in skipped if s["reason"] == "blocked"):
+        err.print(f"{seed['url']} not queued: {SEED_SKIPS['blocked']}", soft_wrap=True, markup=False,
+                  highlight=False)
+    return None
 
 
 LIST_FLAGS = {
@@ -145,13 +170,12 @@ def build_spec(s: Settings, seeds: list[str], defaults: Any, **rules: Any) -> Cr
         options.usage(f"invalid crawl: {describe_validation_error(exc)}")
 
 
-async def _detach(s: Settings, spec: CrawlSpec) -> dict[str, int]:
+async def _detach(s: Settings, spec: CrawlSpec) -> dict[str, Any]:
     from busscrape.bus.connection import Bus
     from busscrape.crawl.run import start_crawl
 
     async with await Bus.connect(s, name="busscrape-crawl") as bus:
-        record = await start_crawl(bus, s, spec)
-    return record.get("counts") or {}
+        return await start_crawl(bus, s, spec)
 
 
 async def _status(s: Settings, crawl_id: str) -> CrawlSummary:
@@ -160,8 +184,9 @@ async def _status(s: Settings, crawl_id: str) -> CrawlSummary:
 
     async with await Bus.connect(s, name="busscrape-crawl-status") as bus:
         summary = await crawl_status(bus, crawl_id)
-    if summary is None:
-        options.usage(f"no crawl {crawl_id!r} on this server (its id is printed when it starts)")
+    if summary is None:  # as `dlq show` of no letter: not found is 1, a malformed id 2
+        err.print(f"no crawl {crawl_id} on this server", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(EXIT_PARTIAL)
     return summary
 
 

@@ -48,6 +48,7 @@ def dispatch_cmd(
     options.check_input(source)
     task.check()
     s = settings(nats={"url": nats_url}, dispatch=task.dispatch_settings())
+    task.check_extractor(s, local=False)
     defaults = task.defaults()
     show_progress = err.is_terminal if progress is None else progress
     with task.rejects_file() as rejects_out:

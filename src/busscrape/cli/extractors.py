@@ -29,7 +29,7 @@ def _registry(folder: Path | None) -> tuple[Settings, Registry]:
 
     s = settings(extract={"dir": folder})
     try:
-        return s, Registry.load(s.extract.dir)
+        return s, Registry.with_bundled(s.extract.dir)
     except ConfigurationError as exc:  # an invalid file: exit 2, naming the file, the field and why
         err.print(f"[red]error:[/] {safe(exc.message)}")
         raise typer.Exit(exc.exit_code) from None
@@ -140,8 +140,9 @@ EXPORT_HELP = """Write every archived record of one extractor as JSONL, CSV or P
 Reads the archive (the local folder, or S3 when configured): the extracted.json of every
 complete page folder whose record that extractor made. Each row holds the record's fields and
 _task_id, _url, _scraped_at, _version. Parquet columns are typed from the extractor's file
-(decimal, date, int …; needs busscrape[export]). Exit codes: 0 written (even none); 2 a bad
-option, an unreadable archive or an invalid extractor file.
+(decimal, date, int …; items as lists of structs; needs busscrape[export]). Exit codes: 0
+written (even none); 2 a bad option, an unreadable archive, an invalid extractor file, pyarrow
+missing for parquet, or an extractor that neither the extractors folders nor the archive know.
 """
 
 
@@ -170,12 +171,20 @@ def export_cmd(
         usage(exc.message)
     if archive is not None and not archive.is_dir():
         usage(f"--archive {archive}: no such folder")
+    from busscrape.errors import ConfigurationError
+
     s, registry = _registry(folder)
-    rows = run(_records(s, archive, extractor, moment))
-    definition = registry.get(extractor)
-    names = export.columns(rows, definition)
     try:
+        if fmt == "parquet":
+            export.pyarrow()  # before reading the archive
+        rows = run(_records(s, archive, extractor, moment))
+        definition = registry.get(extractor)
+        if definition is None and not rows:  # records of an extractor whose file is gone are still exported
+            registry.get_or_explain(extractor)
+        names = export.columns(rows, definition)
         _write(rows, fmt, output, names, definition)
+    except ConfigurationError as exc:
+        usage(exc.message)
     except OSError as exc:
         usage(f"--output {output}: {exc.strerror or exc}")
     err.print(f"exported {len(rows):,} record(s) of {safe(extractor)}" + (f" to {safe(str(output))}" if output

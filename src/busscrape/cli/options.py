@@ -9,6 +9,7 @@ there (then using ``task.<name>`` where it takes effect) adds the flag to every 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from busscrape.dispatch.inputs import TaskDefaults
     from busscrape.model.messages import TaskOptions
     from busscrape.model.steps import Step
+    from busscrape.settings import Settings
 
 
 class TaskFlags(SimpleNamespace):
@@ -35,6 +37,25 @@ class TaskFlags(SimpleNamespace):
         """Exit 2 for what can be refused before anything starts."""
         if self.fmt not in ("auto", "urls", "jsonl"):
             usage(f"--format must be auto, urls or jsonl, not {self.fmt!r}")
+
+    def check_extractor(self, s: Settings, *, local: bool) -> None:
+        """``--extractor NAME`` against the extractors this process sees (the bundled ones and
+        BUSSCRAPE_EXTRACT__DIR's): refused (exit 2) when the workers are ``local`` (they see the
+        same, so every task would be dead-lettered ``unknown_extractor``); a warning otherwise
+        (workers elsewhere may have it)."""
+        if self.extractor is None:
+            return
+        from busscrape.errors import ConfigurationError
+        from busscrape.extract.registry import Registry
+
+        try:
+            Registry.with_bundled(s.extract.dir).get_or_explain(self.extractor)
+        except ConfigurationError as exc:
+            message = f"--extractor {self.extractor}: {exc.message}"
+            if local or exc.reason != "unknown_extractor":
+                usage(message)
+            err.print(f"[yellow]warning:[/] {safe(message)}; the workers will dead-letter every task "
+                      "unknown_extractor unless they have it", soft_wrap=True)
 
     def dispatch_settings(self) -> dict[str, Any]:
         """The ``dispatch`` settings section these flags override."""
@@ -104,15 +125,24 @@ TASK_OPTIONS: list[tuple[str, Any, Any]] = [
 ]
 
 
-def task_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def task_options(command: Callable[..., Any] | None = None, *,
+                 hidden: tuple[str, ...] = ()) -> Any:
     """Give ``command`` every flag of ``TASK_OPTIONS``; it receives them as ``task: TaskFlags``.
+    Those named in ``hidden`` (TaskFlags fields) are left out of its ``--help``: flags it refuses
+    with a reason (``crawl``'s list flags), never ones it takes.
 
     Typer reads a command's parameters from its signature, so the wrapper's signature is the
     command's own (without ``task``) followed by the shared flags.
     """
+    if command is None:
+        return functools.partial(task_options, hidden=hidden)
     own = [p for p in inspect.signature(command).parameters.values() if p.name != "task"]
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-              for name, annotation, option in TASK_OPTIONS]
+    shared = []
+    for name, annotation, option in TASK_OPTIONS:
+        if name in hidden:
+            option = copy.copy(option)
+            option.hidden = True
+        shared.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:

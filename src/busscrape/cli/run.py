@@ -62,6 +62,7 @@ def run_cmd(
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
                  archive={"dir": archive}, dispatch=task.dispatch_settings(),
                  network={"allow": [*base.network.allow, *allow]})
+    task.check_extractor(s, local=not s.nats.url or with_daemons)
     with task.rejects_file() as rejects_out:
         def rejected(rejection: Rejection) -> None:
             if rejects_out is not None:
@@ -83,8 +84,10 @@ def show_outcome(s: Settings, summary: RunSummary, *, as_json: bool, wacz: str |
     where to look."""
     import orjson
 
+    if summary.failure is not None:
+        err.print(f"error: {summary.failure[1]}", soft_wrap=True, markup=False, highlight=False)
     packed = None
-    if wacz:
+    if wacz and summary.failure is None:
         from busscrape.cli.wacz import package
 
         packed = run(package(s, wacz, locations=summary.locations, archive=archive))
@@ -113,6 +116,7 @@ def summary_dict(summary: RunSummary) -> dict[str, object]:
             "dead_by_reason": dict(summary.dead_reasons), "unfinished": summary.unfinished,
             "letters_unarchived": summary.letters_unarchived, "interrupted": summary.interrupted,
             "seconds": round(summary.seconds, 3), "archive": summary.archive, "failed_daemons": summary.failed_daemons,
+            "error": summary.failure[1] if summary.failure is not None else None,
             "dispatch": summary.dispatch.as_dict() if summary.dispatch is not None else None}
 
 
@@ -249,6 +253,8 @@ def how_to_look(summary: RunSummary, s: Settings) -> str:
 
 
 def exit_code(summary: RunSummary, strict: bool) -> int:
+    if summary.failure is not None:
+        return summary.failure[0]
     if summary.interrupted:
         return EXIT_INTERRUPTED
     d = summary.dispatch

@@ -37,6 +37,11 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
+def _readable(summary: dict) -> dict:
+    """A session's summary with its times as the table shows them (ISO 8601, UTC), not epoch floats."""
+    return {**summary, "logged_in_at": _when(summary["logged_in_at"]), "expires_at": _when(summary["expires_at"])}
+
+
 @sessions_app.command("list")
 def list_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON line per session.")) -> None:
     """Every stored session: when it logged in, when it expires, its proxy, its cookies' names."""
@@ -44,14 +49,14 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON line p
     from rich.table import Table
 
     async def main() -> list[dict]:
-        async with _store(settings()) as store:
+        async with _store(settings(state_nats=True)) as store:
             found = [await store.get(n, expired=True) for n in await store.names()]
             return [s.summary() for s in found if s is not None]
 
     rows = run(main())
     if as_json:
         for row in rows:
-            out.print(orjson.dumps(row).decode(), markup=False, highlight=False, soft_wrap=True)
+            out.print(orjson.dumps(_readable(row)).decode(), markup=False, highlight=False, soft_wrap=True)
         return
     table = Table("session", "logged in", "expires", "logins", "proxy", "cookies")
     for row in rows:
@@ -69,7 +74,7 @@ def show_cmd(name: str = typer.Argument(..., metavar="SESSION")) -> None:
     import orjson
 
     async def main() -> dict | None:
-        async with _store(settings()) as store:
+        async with _store(settings(state_nats=True)) as store:
             stored = await store.get(name, expired=True)
             return stored.summary() if stored is not None else None
 
@@ -77,19 +82,23 @@ def show_cmd(name: str = typer.Argument(..., metavar="SESSION")) -> None:
     if found is None:
         err.print(f"no session {safe(name)}")
         raise typer.Exit(EXIT_PARTIAL)
-    out.print(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode(), markup=False, highlight=False)
+    out.print(orjson.dumps(_readable(found), option=orjson.OPT_INDENT_2).decode(), markup=False, highlight=False)
 
 
 @sessions_app.command("drop")
 def drop_cmd(names_: list[str] = typer.Argument(..., metavar="SESSION...")) -> None:
     """Forget sessions: their next task logs in again (exit 1 when one was not there)."""
 
-    async def main() -> list[str]:
-        async with _store(settings()) as store:
-            return [n for n in names_ if not await store.drop(n)]
+    async def main() -> list[tuple[str, bool]]:
+        async with _store(settings(state_nats=True)) as store:
+            return [(n, await store.drop(n)) for n in names_]
 
-    missing = run(main())
-    for name in missing:
-        err.print(f"no session {safe(name)}")
+    done = run(main())
+    missing = [name for name, dropped in done if not dropped]
+    for name, dropped in done:
+        if dropped:
+            out.print(f"dropped session {safe(name)}")
+        else:
+            err.print(f"no session {safe(name)}")
     if missing:
         raise typer.Exit(EXIT_PARTIAL)

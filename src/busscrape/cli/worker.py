@@ -74,4 +74,4 @@ def worker_cmd(
 def _read_extractors(s: Settings) -> None:
     from busscrape.extract.registry import Registry
 
-    Registry.load(s.extract.dir)
+    Registry.with_bundled(s.extract.dir)

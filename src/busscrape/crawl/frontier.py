@@ -114,7 +114,36 @@ class Frontier:
                                             seeds=set(spec.seeds))}
             await self.state.record_page(spec.crawl_id, SEEDS, record)
             record = await self.state.page(spec.crawl_id, SEEDS) or record
+        elif any(s.get("reason") == "blocked" for s in record.get("skipped") or ()):
+            record = await self._recheck_blocked(spec)
         return record
+
+    async def _recheck_blocked(self, spec: CrawlSpec) -> dict[str, Any]:
+        """The crawl is asked for again: the seeds the network policy refused then are checked
+        against this process's policy now (the same command with ``--allow`` resumes the crawl
+        instead of finding it blocked for good). Those it lets through are queued and the seed
+        record rewritten (compare-and-set: two processes re-checking at once queue each seed once,
+        both recognising it by its seed parent in SEEN)."""
+        while True:
+            record, revision = await self.state.page_at(spec.crawl_id, SEEDS)
+            assert record is not None and revision is not None
+            blocked = [s["url"] for s in record.get("skipped") or () if s.get("reason") == "blocked"]
+            if not blocked:
+                return record
+            again = await self._enqueue(spec, None, 0, blocked, scoped=False, seeds=set(spec.seeds))
+            if again["counts"].get("blocked", 0) == len(blocked):
+                return record  # refused still: nothing to rewrite
+            counts = Counter(record.get("counts") or {})
+            counts["blocked"] -= len(blocked)
+            counts.update({k: v for k, v in again["counts"].items() if k != "discovered"})
+            rewritten = {**record, "counts": dict(counts),
+                         "queued": list(dict.fromkeys([*(record.get("queued") or ()), *again["queued"]])),
+                         "skipped": [*(s for s in (record.get("skipped") or ()) if s.get("reason") != "blocked"),
+                                     *again["skipped"]]}
+            if await self.state.rewrite_page(spec.crawl_id, SEEDS, rewritten, revision):
+                log.info("crawl.seeds_rechecked", crawl_id=spec.crawl_id, queued=len(again["queued"]))
+                return rewritten
+            await asyncio.sleep(0)  # another process rewrote it first: read again
 
     # -- a rendered page --------------------------------------------------------------------
 

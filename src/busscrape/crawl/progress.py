@@ -18,6 +18,7 @@ import orjson
 from busscrape.bus.kv_watch import KvWatch
 from busscrape.crawl.frontier import OUTCOMES
 from busscrape.crawl.state import SEEDS, CrawlState
+from busscrape.errors import EXIT_CONFIG, EXIT_PARTIAL
 from busscrape.status.tracker import Tracker
 
 
@@ -41,6 +42,9 @@ class CrawlSummary:
     """A sample of the skipped links with their reason."""
     seeds_redirected: dict[str, str] = field(default_factory=dict)
     """Seed → where it redirected, which the scope took in (``crawl.scope``)."""
+    seeds_skipped: list[dict[str, str]] = field(default_factory=list)
+    """The seeds (and sitemap URLs) not queued, with their reason (``blocked``, ``robots_disallowed`` …)."""
+    seeds_queued: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,6 +56,7 @@ def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
     not_followed: Counter[str] = Counter()
     skipped: list[dict[str, str]] = []
     redirected: dict[str, str] = {}
+    seeds = pages.get(SEEDS) or {}
     for record in pages.values():
         if "part" in record:
             continue  # the overflow of a record's queued ids (``CrawlState.record_page``), no page of its own
@@ -68,7 +73,29 @@ def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
                         by_depth={d: {k: v for k, v in c.items() if v} for d, c in sorted(depths.items())},
                         pages_followed=sum(k != SEEDS and "part" not in r for k, r in pages.items()),
                         not_followed=dict(not_followed),
-                        skipped=skipped[:50], seeds_redirected=redirected)
+                        skipped=skipped[:50], seeds_redirected=redirected,
+                        seeds_skipped=list(seeds.get("skipped") or ()), seeds_queued=len(seeds.get("queued") or ()))
+
+
+SEED_SKIPS = {
+    "blocked": "the network policy refuses its address; open it with --allow ADDRESS (BUSSCRAPE_NETWORK__ALLOW) "
+               "where the crawl is started and on the workers, then ask for the same crawl again",
+    "robots_disallowed": "robots.txt disallows it (--robots ignore crawls it anyway)",
+    "budget_cut": "--max-pages left no room for it",
+    "invalid": "it is not a URL busscrape can crawl",
+}
+"""Why a seed was not queued, as a user reads it (the record says the reason code)."""
+
+
+def unseeded(queued: int, skipped: list[dict[str, str]]) -> tuple[int, str] | None:
+    """A crawl none of whose seeds was queued has nothing to crawl: the exit code (2 when the
+    network policy refused one, a configuration to fix; else 1) and what to say, one seed a
+    line. None when a seed was queued."""
+    if queued:
+        return None
+    lines = [f"  {s['url']}: {s['reason']} ({SEED_SKIPS.get(s['reason'], 'skipped')})" for s in skipped]
+    code = EXIT_CONFIG if any(s["reason"] == "blocked" for s in skipped) else EXIT_PARTIAL
+    return code, "nothing to crawl: no seed was queued\n" + "\n".join(lines)
 
 
 async def budget_used(state: CrawlState, summary: CrawlSummary) -> int:

@@ -42,6 +42,10 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.lower()}"
 
 
+USER_AGENT = "busscrape"
+"""What busscrape's own requests (robots.txt, sitemaps) say they are."""
+
+
 def _key(origin: str) -> str:
     return hashlib.sha256(origin.encode()).hexdigest()[:24]
 
@@ -63,7 +67,7 @@ def _fit(record: dict, room: int) -> dict:
 class Robots:
     """The robots.txt rules of every origin a crawl meets."""
 
-    def __init__(self, state: CrawlState, policy: NetworkPolicy, user_agent: str = "busscrape", *,
+    def __init__(self, state: CrawlState, policy: NetworkPolicy, user_agent: str = USER_AGENT, *,
                  cache_size: int = CACHE_SIZE) -> None:
         self.state = state
         self.policy = policy

@@ -12,8 +12,12 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 from http import HTTPStatus
+from urllib.parse import urljoin
 
 import aiohttp
+from usp.fetch_parse import SitemapFetcher
+from usp.helpers import strip_url_to_homepage
+from usp.objects.sitemap import InvalidSitemap
 from usp.tree import sitemap_tree_for_homepage
 from usp.web_client.abstract_client import (
     RETRYABLE_HTTP_STATUS_CODES,
@@ -23,6 +27,7 @@ from usp.web_client.abstract_client import (
     WebClientErrorResponse,
 )
 
+from busscrape.crawl.robots import USER_AGENT
 from busscrape.errors import BusscrapeError
 from busscrape.net import checked
 from busscrape.net.policy import NetworkPolicy
@@ -82,15 +87,25 @@ class _CheckedClient(AbstractWebClient):
 
 async def sitemap_urls(seeds: tuple[str, ...] | list[str], policy: NetworkPolicy,
                        since: datetime | None = None) -> list[str]:
-    """The page URLs of the sitemaps of every seed's site (robots-declared and the known paths),
+    """The page URLs of the sitemaps of every seed's site (robots-declared and ``/sitemap.xml``),
     those modified at or after ``since`` when given (pages without a ``lastmod`` are kept)."""
     loop = asyncio.get_running_loop()
-    http = checked.session(policy, timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT))
+    http = checked.session(policy, timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT),
+                           headers={"User-Agent": USER_AGENT})
 
     def read(homepage: str) -> list[str]:
-        tree = sitemap_tree_for_homepage(homepage, web_client=_CheckedClient(http, policy, loop))
+        client = _CheckedClient(http, policy, loop)
+        # The robots-declared sitemaps and /sitemap.xml only: the parser's own guesses (a dozen
+        # more paths, /admin/config/search/xmlsitemap …) are requests no site asked for.
+        tree = sitemap_tree_for_homepage(homepage, web_client=client, use_known_paths=False)
+        trees = [tree]
+        known = urljoin(strip_url_to_homepage(homepage), "/sitemap.xml")
+        if known not in {sitemap.url for sitemap in tree.all_sitemaps()}:
+            guessed = SitemapFetcher(known, recursion_level=0, web_client=client, quiet_404=True).sitemap()
+            if not isinstance(guessed, InvalidSitemap):
+                trees.append(guessed)
         out = []
-        for page in tree.all_pages():
+        for page in (page for tree in trees for page in tree.all_pages()):
             modified = page.last_modified
             if since is not None and modified is not None:
                 if modified.tzinfo is None:

@@ -10,6 +10,7 @@ same site renders it again.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import datetime
 from typing import Literal
 
@@ -86,6 +87,10 @@ class CrawlSpec(Message):
         """16 hex chars of sha256 over the spec: the same crawl has the same id."""
         body = orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(b"crawl:" + body).hexdigest()[:16]
+
+
+CRAWL_ID = re.compile(r"[0-9a-f]{16}")
+"""What a crawl id looks like (``CrawlSpec.crawl_id``): anything else is a malformed id, not an unknown crawl."""
 
 
 def crawl_task_id(crawl_id: str, url: str, steps: tuple[Step, ...] = (), options: TaskOptions | None = None, *,

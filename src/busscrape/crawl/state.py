@@ -195,6 +195,17 @@ class CrawlState:
             self._room = await payloads.kv_room(self._js, await self.kv())
         return self._room
 
+    async def page_at(self, crawl_id: str, page: str) -> tuple[dict[str, Any] | None, int | None]:
+        """A page record and its revision (for ``rewrite_page``)."""
+        value, revision = await _entry(await self.kv(), f"{crawl_id}.page.{page}")
+        return (orjson.loads(value) if value else None), revision
+
+    async def rewrite_page(self, crawl_id: str, page: str, record: dict[str, Any], revision: int) -> bool:
+        """Replace a page record still at ``revision``; False when another process wrote it first.
+        Only the seeds' record is ever rewritten: seeds the network policy refused are checked
+        again when the crawl is asked for again (``Frontier.seed``)."""
+        return await _write_at(await self.kv(), f"{crawl_id}.page.{page}", orjson.dumps(record), revision)
+
     async def pages(self, crawl_id: str) -> dict[str, dict[str, Any]]:
         """Every page record of the crawl, by page key (``bus.scan.kv_latest``: a crawl's summary
         is all of its records, never what nats-py's watch had caught up with)."""

@@ -308,6 +308,7 @@ class Dispatcher:
         """A line with a ``crawl`` block: its URL seeds a crawl (``crawl.frontier``) through the
         same SEEN create as every task; its other pages are found by the workers."""
         from busscrape.crawl.frontier import Frontier
+        from busscrape.crawl.progress import SEED_SKIPS
         from busscrape.crawl.spec import CrawlSpec, crawl_task_id
         from busscrape.crawl.state import SEEDS
         from busscrape.errors import BusscrapeError
@@ -317,19 +318,21 @@ class Dispatcher:
         spec = CrawlSpec.model_validate({**(item.crawl or {}), "seeds": (url,), "steps": item.steps,
                                          "options": item.options, "labels": item.labels})
         frontier = Frontier(self.bus.js, self.settings, NetworkPolicy.from_settings(self.settings.network.allow))
+        seed = crawl_task_id(spec.crawl_id, url, spec.steps, spec.options)
         try:
-            resumed = await frontier.state.page(spec.crawl_id, SEEDS) is not None
+            before = await frontier.state.page(spec.crawl_id, SEEDS)
             record = await frontier.seed(spec)
         except BusscrapeError as exc:
             self._reject(Rejection(item.line, exc.reason, f"crawl: {exc}", preview(item.url)))
             return
         log.info("dispatch.crawl", crawl_id=spec.crawl_id, line=item.line)
-        seed = crawl_task_id(spec.crawl_id, url, spec.steps, spec.options)
         if seed in record.get("queued", ()):
-            self._seen_before(seed) if resumed else self._published(seed)
+            queued_before = before is not None and seed in before.get("queued", ())
+            self._seen_before(seed) if queued_before else self._published(seed)
         else:  # refused by robots.txt or the network policy: nothing to wait for
-            self._reject(Rejection(item.line, "crawl_seed_skipped", f"crawl {spec.crawl_id}: the seed was "
-                                   f"skipped ({record.get('skipped')})", preview(item.url)))
+            why = next((s["reason"] for s in record.get("skipped") or () if s.get("url") == url), "skipped")
+            self._reject(Rejection(item.line, "crawl_seed_skipped", f"crawl {spec.crawl_id}: the seed was not "
+                                   f"queued: {why} ({SEED_SKIPS.get(why, 'skipped')})", preview(item.url)))
         if self.on_crawl is not None:
             self.on_crawl(spec.crawl_id)
 

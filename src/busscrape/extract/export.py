@@ -82,38 +82,83 @@ def write_csv(rows: list[dict[str, Any]], out: IO[bytes], names: list[str]) -> N
     text.detach()
 
 
-def write_parquet(rows: list[dict[str, Any]], path: Path, names: list[str], definition: Extractor | None) -> None:
+def pyarrow() -> Any:
+    """pyarrow, or the one-line fix (``ConfigurationError``: exit 2) when it is not installed."""
     try:
         import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow.parquet  # the writer, imported with it
     except ImportError:
         raise ConfigurationError("--format parquet needs pyarrow: pip install 'busscrape[export]'") from None
-    types = {name: spec.type for name, spec in definition.fields.items()
-             if spec.fields is None and not spec.multiple} if definition is not None else {}
+    return pa
+
+
+NESTED_DECIMAL = (38, 9)
+"""Precision and scale of a decimal inside an item (a top-level column's scale fits its values)."""
+
+
+def write_parquet(rows: list[dict[str, Any]], path: Path, names: list[str], definition: Extractor | None) -> None:
+    pa = pyarrow()
+    specs = definition.fields if definition is not None else {}
     arrays, fields = [], []
     for name in names:
         values = [row.get(name) for row in rows]
-        kind = types.get(name)
-        if kind == "decimal":
+        spec = specs.get(name)
+        if spec is not None and _scalar(spec) == "decimal" and not spec.multiple:
             numbers = [Decimal(v) if v is not None else None for v in values]
             scale = max((-n.as_tuple().exponent for n in numbers if n is not None), default=0)  # type: ignore[operator]
             array = pa.array(numbers, type=pa.decimal128(38, max(scale, 0)))
-        elif kind == "date":
-            array = pa.array([date.fromisoformat(v) if v else None for v in values], type=pa.date32())
-        elif kind == "datetime":
-            array = pa.array([datetime.fromisoformat(v) if v else None for v in values])
-        elif kind == "int":
-            array = pa.array(values, type=pa.int64())
-        elif kind == "float":
-            array = pa.array(values, type=pa.float64())
-        elif kind == "bool":
-            array = pa.array(values, type=pa.bool_())
+        elif spec is not None:
+            array = pa.array([_value(v, spec) for v in values], type=_arrow_type(pa, spec))
         elif name == "_scraped_at":
             array = pa.array([datetime.fromisoformat(v) for v in values])
-        elif kind in ("str", "url") or name in ("_task_id", "_url"):
+        elif name in ("_task_id", "_url"):
             array = pa.array(values, type=pa.string())
-        else:  # nested items, lists: as pyarrow reads them (lists of structs)
+        else:  # a field the definition does not know (an older version's): as pyarrow reads it
             array = pa.array(values)
         arrays.append(array)
         fields.append(pa.field(name, array.type))
-    pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), path)
+    pa.parquet.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), path)
+
+
+def _sub_fields(spec: Any) -> dict[str, Any]:
+    """A field's items' sub-fields (from its alternatives, the first to name one wins)."""
+    found: dict[str, Any] = {}
+    for alt in spec.sources():
+        for name, sub in (alt.fields or {}).items():
+            found.setdefault(name, sub)
+    return found
+
+
+def _scalar(spec: Any) -> str:
+    return spec.sources()[0].type
+
+
+def _arrow_type(pa: Any, spec: Any) -> Any:
+    """The column type of a field: its scalar type, a struct of its sub-fields, a list with ``multiple``."""
+    sub = _sub_fields(spec)
+    if sub:
+        kind = pa.struct([pa.field(name, _arrow_type(pa, s)) for name, s in sub.items()])
+    else:
+        kind = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "date": pa.date32(),
+                "datetime": pa.timestamp("us", tz="UTC"), "decimal": pa.decimal128(*NESTED_DECIMAL)}.get(
+            _scalar(spec), pa.string())
+    return pa.list_(kind) if spec.multiple else kind
+
+
+def _value(value: Any, spec: Any, item: bool = False) -> Any:
+    """An archived (JSON) value as its column type wants it: dates and decimals parsed, items recursed."""
+    if value is None:
+        return None
+    if spec.multiple and not item:
+        return [_value(v, spec, item=True) for v in value] if isinstance(value, list) else None
+    sub = _sub_fields(spec)
+    if sub:
+        return {name: _value(value.get(name), s) for name, s in sub.items()} if isinstance(value, dict) else None
+    kind = _scalar(spec)
+    if kind == "date":
+        return date.fromisoformat(value)
+    if kind == "datetime":
+        return datetime.fromisoformat(value)
+    if kind == "decimal":
+        return Decimal(str(value))
+    return value

@@ -3,8 +3,10 @@
 Every process that needs extractors (the worker, ``busscrape extractors``, the dispatcher's name
 check, export) loads the whole folder once: an invalid file stops the process at start with the
 file, the field and the reason (``ExtractorInvalid``, exit code 2), instead of failing task after
-task later. The folder is ``BUSSCRAPE_EXTRACT__DIR`` (default ``extractors`` in the working
-directory); a folder that is not there is an empty registry.
+task later. A process sees the extractors shipped with busscrape (``bundled_dir``: found wherever
+it runs, as the streams are) and those of ``BUSSCRAPE_EXTRACT__DIR`` (default ``extractors`` in the
+working directory; not there: none of its own), which override a bundled one of the same name
+(``Registry.with_bundled``).
 """
 
 from __future__ import annotations
@@ -105,6 +107,18 @@ class Registry(Mapping[str, Extractor]):
             files[extractor.name] = path
         return cls(folder, extractors, files)
 
+    @classmethod
+    def with_bundled(cls, folder: Path | str | None) -> Registry:
+        """What a process sees, as it sees the streams: the extractors shipped with busscrape
+        (always found, wherever the process runs), then ``folder``'s (``BUSSCRAPE_EXTRACT__DIR``,
+        default ``extractors`` in the working directory), a file there overriding a bundled one
+        of the same name."""
+        bundled = cls.load(bundled_dir())
+        own = cls.load(folder)
+        if own.folder is not None and own.folder.resolve() == bundled_dir().resolve():
+            return own
+        return cls(own.folder, {**bundled.extractors, **own.extractors}, {**bundled.files, **own.files})
+
     def __getitem__(self, name: str) -> Extractor:
         return self.extractors[name]
 
@@ -114,11 +128,18 @@ class Registry(Mapping[str, Extractor]):
     def __len__(self) -> int:
         return len(self.extractors)
 
+    def where(self) -> str:
+        """The folders the extractors come from, as a user reads them."""
+        folders = list(dict.fromkeys(str(path.parent) for path in self.files.values()))
+        if self.folder is not None and str(self.folder) not in folders:
+            folders.append(f"{self.folder} (not there)" if not self.folder.is_dir() else str(self.folder))
+        return ", ".join(folders) or "(no folder)"
+
     def get_or_explain(self, name: str) -> Extractor:
         """The extractor, or ``UnknownExtractor`` saying which ones there are and where."""
         found = self.extractors.get(name)
         if found is None:
             known = ", ".join(sorted(self.extractors)) or "none"
-            raise UnknownExtractor(f"no extractor {name!r} in {self.folder or '(no folder)'} (there: {known}); "
+            raise UnknownExtractor(f"no extractor {name!r} in {self.where()} (there: {known}); "
                                    "add extractors/<name>.toml or set BUSSCRAPE_EXTRACT__DIR")
         return found

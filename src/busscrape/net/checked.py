@@ -83,17 +83,6 @@ class Fetched:
     body: bytes
 
 
-async def read_up_to(stream: aiohttp.StreamReader, limit: int) -> bytes:
-    """The first ``limit`` bytes of ``stream``, or all of it when shorter: one ``read(n)``
-    returns what has arrived so far (one packet's worth), not ``n`` bytes."""
-    parts: list[bytes] = []
-    left = limit
-    while left > 0 and (part := await stream.read(left)):
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
-
-
 async def fetch(http: aiohttp.ClientSession, policy: NetworkPolicy, url: str, max_bytes: int) -> Fetched:
     """GET ``url`` (its first ``max_bytes``) through ``http`` (a ``session``), redirects followed
     here with every hop checked. ``PolicyBlocked`` when a hop is refused; aiohttp's errors,

@@ -126,6 +126,8 @@ class PidFiles:
 
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir / "pids"
+        self.left: list[str] = []
+        """What ``stop_leftovers`` found of an earlier run (alive or not): that run did not end cleanly."""
 
     def record(self, name: str, pid: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -155,6 +157,7 @@ class PidFiles:
                 raise ConfigurationError(
                     f"another busscrape run (pid {parent}) is using {self.dir.parent}: wait for it to finish, "
                     "stop it, or give this one another BUSSCRAPE_STATE_DIR")
+            self.left.append(name)
             if doc.get("started") is not None and _started(pid) == doc["started"]:
                 alive.append((name, pid))
             else:

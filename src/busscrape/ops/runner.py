@@ -90,6 +90,9 @@ class RunSummary:
     finds its tasks already seen, and most of them already archived)."""
     crawl: CrawlSummary | None = None
     """What the crawl's links became (``busscrape crawl``)."""
+    failure: tuple[int, str] | None = None
+    """Why the run stopped before the end (exit code, message): a local daemon exited with a
+    configuration error, or no local worker is left alive."""
 
     @property
     def archived_now(self) -> int:
@@ -154,6 +157,14 @@ class Runner:
         self._crawls: dict[str, Any] = {}
         """crawl id -> its ``CrawlWatch``: crawls that lines of the input started (``crawl`` blocks)."""
         self.pids = PidFiles(settings.state_dir)
+        self.failure: tuple[int, str] | None = None
+
+    def _fleet_failed(self, code: int, message: str) -> None:
+        """The local daemons cannot do the work (``Daemons.on_fatal``): stop now, not wait forever."""
+        log.error("run.fleet_failed", code=code, error=message)
+        self.failure = (code, message)
+        self._stops += 1  # no grace: nothing is rendering, or nothing can
+        self.stop()
 
     def stop(self) -> None:
         self._stops += 1
@@ -185,7 +196,7 @@ class Runner:
                 await asyncio.to_thread(_import_after_spawn)
             # An invalid extractor file stops the run before it dispatches anything (the daemons
             # just spawned stop with it; each would refuse the file too).
-            Registry.load(self.settings.extract.dir)
+            Registry.with_bundled(self.settings.extract.dir)
             from busscrape.bus import names, provision, topology
             from busscrape.bus.connection import Bus
             from busscrape.status.tracker import Tracker
@@ -194,6 +205,10 @@ class Runner:
             definitions = topology.load(settings)
             if embedded:
                 await provision.apply(bus.js, definitions)
+                if self.pids.left:  # an earlier run on this state dir was killed: its tasks in flight
+                    from busscrape.ops.in_flight import reclaim
+
+                    await reclaim(bus)
             else:
                 await provision.require(bus.js, definitions, names.REQUIRED)
             log.info("run.streams_applied")
@@ -201,7 +216,7 @@ class Runner:
             await tracker.start()
             stack.push_async_callback(tracker.stop)
             if daemons is None and self.options.with_daemons:
-                daemons = Daemons(settings, workers=self.options.workers)
+                daemons = Daemons(settings, workers=self.options.workers, on_fatal=self._fleet_failed)
                 await stack.enter_async_context(daemons)
             crawl = None
             if self.options.crawl is not None:
@@ -226,7 +241,7 @@ class Runner:
             archive = self.archive_location() if daemons is not None else archive_root(locations)
             return RunSummary(dispatch=summary, tasks=len(tracker.expected), outcomes=counts, dead_reasons=reasons,
                               seconds=time.monotonic() - started, archive=archive,
-                              interrupted=self._stop.is_set(),
+                              interrupted=self._stop.is_set() and self.failure is None, failure=self.failure,
                               failed_daemons=daemons.failed() if daemons else [], letters_unarchived=unfiled,
                               locations=locations, earlier=earlier, crawl=crawl)
 
@@ -250,7 +265,7 @@ class Runner:
                 # the server has to become ready (a refused one would be a configuration error).
                 patient = max(settings.nats.connect_timeout, server.ready_timeout)
                 daemons = Daemons(settings.with_overrides(nats={"url": server.url, "connect_timeout": patient}),
-                                  workers=self.options.workers, wait_streams=STREAMS_WAIT)
+                                  workers=self.options.workers, wait_streams=STREAMS_WAIT, on_fatal=self._fleet_failed)
                 await stack.enter_async_context(daemons)
             importing = asyncio.ensure_future(asyncio.to_thread(_import_after_spawn)) if early else None
             try:
@@ -269,7 +284,8 @@ class Runner:
             settings = settings.with_overrides(nats={"url": server.url})
             log.info("run.embedded_nats", url=server.url, store=str(server.store_dir))
             if daemons is None:
-                daemons = Daemons(settings, workers=self.options.workers, wait_streams=STREAMS_WAIT)
+                daemons = Daemons(settings, workers=self.options.workers, wait_streams=STREAMS_WAIT,
+                                  on_fatal=self._fleet_failed)
                 await stack.enter_async_context(daemons)
             await (importing or asyncio.to_thread(_import_after_spawn))
             return settings, daemons

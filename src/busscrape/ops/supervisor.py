@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from busscrape.errors import EXIT_PARTIAL
 from busscrape.ops.lifeline import Lifeline, PidFiles, die_with_parent
 from busscrape.settings import Settings, settings_env
 
@@ -42,8 +45,12 @@ class Daemons:
     """A small supervisor. Async context manager: ``async with Daemons(settings, workers=2) as d``."""
 
     def __init__(self, settings: Settings, *, workers: int, ingesters: int = 1,
-                 wait_streams: float | None = None) -> None:
+                 wait_streams: float | None = None, on_fatal: Callable[[int, str], None] | None = None) -> None:
         self.settings = settings
+        self.on_fatal = on_fatal
+        """Called once (exit code, message) when the fleet cannot go on: a daemon exited with a
+        configuration error (it would repeat on every restart), or no worker is left alive."""
+        self._fatal_said = False
         self.log_dir = settings.state_dir / "logs"
         # Children must not fight over one health port, and log machine-readable lines.
         telemetry = settings.telemetry.model_copy(update={"http_port": None, "log_format": "json"})
@@ -92,14 +99,24 @@ class Daemons:
                     # Configuration errors repeat on restart: say so once and leave it down.
                     log.error("daemon.exited", daemon=daemon.name, code=proc.returncode, log=str(daemon.log_path))
                     daemon.process = None
+                    self._fatal(proc.returncode, f"{daemon.name} exited with a configuration error: "
+                                                 f"{last_error(daemon.log_path)} (log: {daemon.log_path})")
                     continue
                 if daemon.restarts >= MAX_RESTARTS:
                     log.error("daemon.gave_up", daemon=daemon.name, restarts=daemon.restarts)
                     daemon.process = None
+                    if not any(d.process for d in self.daemons if d.name.startswith("worker-")):
+                        self._fatal(EXIT_PARTIAL, f"no worker left alive: {daemon.name} exited {daemon.restarts + 1} "
+                                                  f"times (last code {proc.returncode}; log: {daemon.log_path})")
                     continue
                 daemon.restarts += 1
                 log.warning("daemon.restarting", daemon=daemon.name, code=proc.returncode, restarts=daemon.restarts)
                 self._start(daemon)
+
+    def _fatal(self, code: int, message: str) -> None:
+        if self.on_fatal is not None and not self._fatal_said:
+            self._fatal_said = True
+            self.on_fatal(code, message)
 
     def failed(self) -> list[str]:
         """Daemons that are down for good (with the log to read)."""
@@ -141,3 +158,20 @@ async def _wait_all(procs: list[subprocess.Popen[bytes]], seconds: float) -> Non
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.05)
         with contextlib.suppress(subprocess.TimeoutExpired):
             await asyncio.to_thread(proc.wait, remaining)
+
+
+def last_error(log_path: Path, tail: int = 8192) -> str:
+    """The ``error:`` message a daemon printed last in its log (``cli.app``: a configuration
+    error is one such message, maybe wrapped over lines), or a pointer to the log."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    at = text.rfind("error: ")
+    if at < 0:
+        return "(see its log)"
+    lines = text[at + len("error: "):].splitlines()
+    said = [lines[0], *itertools.takewhile(lambda line: not line.startswith("{"), lines[1:])]
+    return " ".join(part.strip() for part in said)

@@ -108,7 +108,7 @@ class Worker(PullService):
         self.pool: BrowserPool | None = None
         self.renderer: Renderer | None = None
         # Loaded here, before anything connects: an invalid extractor file stops the worker at start.
-        self.extractors = Registry.load(settings.extract.dir)
+        self.extractors = Registry.with_bundled(settings.extract.dir)
         self.extraction: ExtractionPool | None = None
 
     @functools.cached_property
@@ -350,7 +350,7 @@ class Worker(PullService):
                               reason="evaluate_disabled")
         if task.options.extractor is not None and task.options.extractor not in self.extractors:
             raise InvalidTask(f"this worker has no extractor {task.options.extractor!r} in "
-                              f"{self.settings.extract.dir} (it has: {', '.join(sorted(self.extractors)) or 'none'})",
+                              f"{self.extractors.where()} (it has: {', '.join(sorted(self.extractors)) or 'none'})",
                               reason="unknown_extractor")
 
     async def _extract(self, task: ScrapeTask, rendered: Rendered) -> Extraction | None:
