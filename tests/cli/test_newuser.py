@@ -204,3 +204,29 @@ async def test_off_a_terminal_help_is_not_cut_and_dlq_show_is_not_padded(applied
     shown = busscrape("dlq", "show", str(seq), env=clean_env(BUSSCRAPE_NATS__URL=nats_url), cwd=tmp_path)
     assert shown.returncode == 0 and "http_404" in shown.stdout, shown.stderr
     assert [line for line in shown.stdout.splitlines() if line != line.rstrip(" ")] == []
+
+
+def test_crawl_table_says_what_was_queued_and_why_links_were_not_followed_in_words():
+    from busscrape.cli.crawl import crawl_table
+    from busscrape.crawl.progress import summarise
+
+    pages = {"seeds": {"depth": -1, "link_depth": 0, "counts": {"discovered": 1, "queued": 1}, "queued": ["t"]},
+             "t": {"url": "http://x.test/", "depth": 0, "counts": {"discovered": 2, "depth_cut": 2},
+                   "not_followed": "depth"}}
+    summary = summarise("c" * 16, pages)
+    summary.budget_used = 1
+    caption = crawl_table(summary).caption
+    assert "1 queued" in caption and "budget" not in caption, caption
+    assert "1 page(s) at --depth" in caption, caption
+    summary.max_pages = 5
+    assert "1 of --max-pages 5 queued" in crawl_table(summary).caption
+
+
+def test_crawl_progress_does_not_claim_a_dispatch(capsys):
+    from collections import Counter
+
+    from busscrape.cli.run import ProgressDisplay
+
+    ProgressDisplay().update(Counter({"queued": 1}), None, 1.0)
+    line = capsys.readouterr().err
+    assert line.startswith("queued 1 ·") and "dispatched" not in line, line

@@ -137,6 +137,10 @@ def _seeds_said(queued: int, skipped: list[dict[str, str]]) -> int | None:
     return None
 
 
+NOT_FOLLOWED = {"depth": "at --depth", "not_html": "that are not HTML",
+                "redirected_out_of_scope": "redirected out of the scope", "follow_failed": "whose links could not be queued"}
+"""Why a page's links were not followed, as the crawl table says it (``CrawlSummary.not_followed``)."""
+
 LIST_FLAGS = {
     "--format": "a crawl's input is its SEED arguments, not a file of URL lines",
     "--rejects": "a crawl rejects no input line: its skipped links are counted by reason in its summary",
@@ -209,9 +213,12 @@ def crawl_table(summary: CrawlSummary) -> Table:
         if total or outcome in ("discovered", "queued"):
             table.add_row(outcome.replace("_", " "), f"{total:,}",
                           *(f"{summary.by_depth[d].get(outcome, 0):,}" for d in depths))
-    table.caption = (f"{summary.archived:,} pages archived, {summary.dead:,} dead, "
-                     f"{summary.budget_used:,} queued of the budget; links not followed on "
-                     + (", ".join(f"{n} page(s): {why}" for why, n in summary.not_followed.items()) or "no page"))
+    queued = (f"{summary.budget_used:,} of --max-pages {summary.max_pages:,} queued" if summary.max_pages is not None
+              else f"{summary.budget_used:,} queued")
+    table.caption = f"{summary.archived:,} pages archived, {summary.dead:,} dead, {queued}"
+    if summary.not_followed:
+        table.caption += "; links not followed on " + ", ".join(
+            f"{n:,} page(s) {NOT_FOLLOWED.get(why, why)}" for why, n in summary.not_followed.items())
     for seed, landed in summary.seeds_redirected.items():
         table.caption += f"; seed {seed} redirected to {landed} (in the scope now)"
     return table
