@@ -138,7 +138,8 @@ def _seeds_said(queued: int, skipped: list[dict[str, str]]) -> int | None:
 
 
 NOT_FOLLOWED = {"depth": "at --depth", "not_html": "that are not HTML",
-                "redirected_out_of_scope": "redirected out of the scope", "follow_failed": "whose links could not be queued"}
+                "redirected_out_of_scope": "redirected out of the scope",
+                "follow_failed": "whose links could not be queued"}
 """Why a page's links were not followed, as the crawl table says it (``CrawlSummary.not_followed``)."""
 
 LIST_FLAGS = {
