@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from busscrape.bus import names
 from tests.support import crawl_site
 from tests.support.bus import stream_messages
@@ -230,3 +232,15 @@ def test_crawl_progress_does_not_claim_a_dispatch(capsys):
     ProgressDisplay().update(Counter({"queued": 1}), None, 1.0)
     line = capsys.readouterr().err
     assert line.startswith("queued 1 ·") and "dispatched" not in line, line
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--scope", "bogus", "--scope 'bogus': must be one of 'page', 'prefix', 'host', 'domain' or 'any'"),
+    ("--include", "(", "--include: '(' is not a regular expression"),
+    ("--sitemap-since", "yesterday", "--sitemap-since 'yesterday': must be an ISO 8601 date or time"),
+    ("--depth", "-1", "--depth -1: must be at least 0"),
+])
+def test_crawl_flag_errors_name_the_flag_the_value_and_what_it_accepts(tmp_path, flag, value, said):
+    result = busscrape("crawl", "http://x.test/", flag, value, cwd=tmp_path)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert "Input should" not in result.stderr and "Value error" not in result.stderr

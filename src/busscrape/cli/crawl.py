@@ -165,14 +165,32 @@ def build_spec(s: Settings, seeds: list[str], defaults: Any, **rules: Any) -> Cr
 
     from busscrape.crawl.run import make_spec
     from busscrape.errors import InputError
-    from busscrape.model.messages import describe_validation_error
 
     try:
         return make_spec(s, seeds, steps=defaults.steps, options=defaults.options, labels=defaults.labels, **rules)
     except InputError as exc:
         options.usage(exc.message)
     except ValidationError as exc:
-        options.usage(f"invalid crawl: {describe_validation_error(exc)}")
+        options.usage("; ".join(flag_error(e) for e in exc.errors()[:5]))
+
+
+def flag_error(error: Any) -> str:
+    """One pydantic error of a crawl rule as the flag, the value and what the flag accepts
+    (``--scope 'bogus': must be one of 'page', 'prefix', 'host', 'domain' or 'any'``)."""
+    field = str(error["loc"][0]) if error["loc"] else ""
+    flag, given, ctx = "--" + field.replace("_", "-"), error.get("input"), error.get("ctx") or {}
+    if error["type"] == "value_error":  # the rule's own validator names the value
+        return f"{flag}: {ctx.get('error', error['msg'])}"
+    if error["type"] == "literal_error":
+        why = f"must be one of {ctx['expected']}"
+    elif field == "sitemap_since":
+        why = "must be an ISO 8601 date or time (2026-01-31, 2026-01-31T12:00:00Z)"
+    elif "ge" in ctx or "le" in ctx:
+        why = "must be " + " and ".join(part for part in (f"at least {ctx['ge']}" if "ge" in ctx else "",
+                                             f"at most {ctx['le']}" if "le" in ctx else "") if part)
+    else:
+        why = error["msg"]
+    return f"{flag} {given!r}: {why}" if field else why
 
 
 async def _detach(s: Settings, spec: CrawlSpec) -> dict[str, Any]:
