@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from busscrape.bus import names
 from tests.support import crawl_site
 from tests.support.bus import stream_messages
@@ -204,3 +206,41 @@ async def test_off_a_terminal_help_is_not_cut_and_dlq_show_is_not_padded(applied
     shown = busscrape("dlq", "show", str(seq), env=clean_env(BUSSCRAPE_NATS__URL=nats_url), cwd=tmp_path)
     assert shown.returncode == 0 and "http_404" in shown.stdout, shown.stderr
     assert [line for line in shown.stdout.splitlines() if line != line.rstrip(" ")] == []
+
+
+def test_crawl_table_says_what_was_queued_and_why_links_were_not_followed_in_words():
+    from busscrape.cli.crawl import crawl_table
+    from busscrape.crawl.progress import summarise
+
+    pages = {"seeds": {"depth": -1, "link_depth": 0, "counts": {"discovered": 1, "queued": 1}, "queued": ["t"]},
+             "t": {"url": "http://x.test/", "depth": 0, "counts": {"discovered": 2, "depth_cut": 2},
+                   "not_followed": "depth"}}
+    summary = summarise("c" * 16, pages)
+    summary.budget_used = 1
+    caption = crawl_table(summary).caption
+    assert "1 queued" in caption and "budget" not in caption, caption
+    assert "1 page(s) at --depth" in caption, caption
+    summary.max_pages = 5
+    assert "1 of --max-pages 5 queued" in crawl_table(summary).caption
+
+
+def test_crawl_progress_does_not_claim_a_dispatch(capsys):
+    from collections import Counter
+
+    from busscrape.cli.run import ProgressDisplay
+
+    ProgressDisplay().update(Counter({"queued": 1}), None, 1.0)
+    line = capsys.readouterr().err
+    assert line.startswith("queued 1 ·") and "dispatched" not in line, line
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--scope", "bogus", "--scope 'bogus': must be one of 'page', 'prefix', 'host', 'domain' or 'any'"),
+    ("--include", "(", "--include: '(' is not a regular expression"),
+    ("--sitemap-since", "yesterday", "--sitemap-since 'yesterday': must be an ISO 8601 date or time"),
+    ("--depth", "-1", "--depth -1: must be at least 0"),
+])
+def test_crawl_flag_errors_name_the_flag_the_value_and_what_it_accepts(tmp_path, flag, value, said):
+    result = busscrape("crawl", "http://x.test/", flag, value, cwd=tmp_path)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert "Input should" not in result.stderr and "Value error" not in result.stderr

@@ -127,6 +127,10 @@ class CrawlProgress(BaseModel):
     skipped: list[dict[str, str]]
     seeds_redirected: dict[str, str] = {}
     """Seed → where it redirected (the crawl's scope took that in)."""
+    seeds_skipped: list[dict[str, str]] = []
+    """Seeds not queued, with the reason (``blocked``: the network policy; asking again re-checks them)."""
+    max_pages: int | None = None
+    """The crawl's page budget (``budget_used`` counts against it), or none."""
 
 
 class TasksAccepted(BaseModel):

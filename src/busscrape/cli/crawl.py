@@ -137,6 +137,11 @@ def _seeds_said(queued: int, skipped: list[dict[str, str]]) -> int | None:
     return None
 
 
+NOT_FOLLOWED = {"depth": "at --depth", "not_html": "that are not HTML",
+                "redirected_out_of_scope": "redirected out of the scope",
+                "follow_failed": "whose links could not be queued"}
+"""Why a page's links were not followed, as the crawl table says it (``CrawlSummary.not_followed``)."""
+
 LIST_FLAGS = {
     "--format": "a crawl's input is its SEED arguments, not a file of URL lines",
     "--rejects": "a crawl rejects no input line: its skipped links are counted by reason in its summary",
@@ -160,14 +165,32 @@ def build_spec(s: Settings, seeds: list[str], defaults: Any, **rules: Any) -> Cr
 
     from busscrape.crawl.run import make_spec
     from busscrape.errors import InputError
-    from busscrape.model.messages import describe_validation_error
 
     try:
         return make_spec(s, seeds, steps=defaults.steps, options=defaults.options, labels=defaults.labels, **rules)
     except InputError as exc:
         options.usage(exc.message)
     except ValidationError as exc:
-        options.usage(f"invalid crawl: {describe_validation_error(exc)}")
+        options.usage("; ".join(flag_error(e) for e in exc.errors()[:5]))
+
+
+def flag_error(error: Any) -> str:
+    """One pydantic error of a crawl rule as the flag, the value and what the flag accepts
+    (``--scope 'bogus': must be one of 'page', 'prefix', 'host', 'domain' or 'any'``)."""
+    field = str(error["loc"][0]) if error["loc"] else ""
+    flag, given, ctx = "--" + field.replace("_", "-"), error.get("input"), error.get("ctx") or {}
+    if error["type"] == "value_error":  # the rule's own validator names the value
+        return f"{flag}: {ctx.get('error', error['msg'])}"
+    if error["type"] == "literal_error":
+        why = f"must be one of {ctx['expected']}"
+    elif field == "sitemap_since":
+        why = "must be an ISO 8601 date or time (2026-01-31, 2026-01-31T12:00:00Z)"
+    elif "ge" in ctx or "le" in ctx:
+        why = "must be " + " and ".join(part for part in (f"at least {ctx['ge']}" if "ge" in ctx else "",
+                                             f"at most {ctx['le']}" if "le" in ctx else "") if part)
+    else:
+        why = error["msg"]
+    return f"{flag} {given!r}: {why}" if field else why
 
 
 async def _detach(s: Settings, spec: CrawlSpec) -> dict[str, Any]:
@@ -209,9 +232,12 @@ def crawl_table(summary: CrawlSummary) -> Table:
         if total or outcome in ("discovered", "queued"):
             table.add_row(outcome.replace("_", " "), f"{total:,}",
                           *(f"{summary.by_depth[d].get(outcome, 0):,}" for d in depths))
-    table.caption = (f"{summary.archived:,} pages archived, {summary.dead:,} dead, "
-                     f"{summary.budget_used:,} queued of the budget; links not followed on "
-                     + (", ".join(f"{n} page(s): {why}" for why, n in summary.not_followed.items()) or "no page"))
+    queued = (f"{summary.budget_used:,} of --max-pages {summary.max_pages:,} queued" if summary.max_pages is not None
+              else f"{summary.budget_used:,} queued")
+    table.caption = f"{summary.archived:,} pages archived, {summary.dead:,} dead, {queued}"
+    if summary.not_followed:
+        table.caption += "; links not followed on " + ", ".join(
+            f"{n:,} page(s) {NOT_FOLLOWED.get(why, why)}" for why, n in summary.not_followed.items())
     for seed, landed in summary.seeds_redirected.items():
         table.caption += f"; seed {seed} redirected to {landed} (in the scope now)"
     return table

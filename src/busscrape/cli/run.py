@@ -174,8 +174,9 @@ class ProgressDisplay:
         self._archived = [(t, n) for t, n in self._archived if now - t <= 10] + [(now, archived)]
         first_t, first_n = self._archived[0]
         rate = (archived - first_n) / (now - first_t) if now > first_t else 0.0
-        dispatched = (dispatch.published + dispatch.already_seen) if dispatch else 0
-        line = (f"dispatched {dispatched:,} · queued {counts.get('queued', 0):,} · rendering "
+        # A crawl dispatches nothing itself: its pages are queued by the frontier.
+        dispatched = f"dispatched {dispatch.published + dispatch.already_seen:,} · " if dispatch else ""
+        line = (f"{dispatched}queued {counts.get('queued', 0):,} · rendering "
                 f"{counts.get('running', 0) + counts.get('retrying', 0):,} · results {counts.get('rendered', 0):,} · "
                 f"archived {archived:,} · dead {counts.get('dead', 0):,} · {rate:.1f} pages/s · {elapsed:.0f}s")
         if self.live:

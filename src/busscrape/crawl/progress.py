@@ -38,6 +38,8 @@ class CrawlSummary:
     archived: int = 0
     dead: int = 0
     budget_used: int = 0
+    """Pages queued (with ``max_pages``: slots of the budget taken)."""
+    max_pages: int | None = None
     skipped: list[dict[str, str]] = field(default_factory=list)
     """A sample of the skipped links with their reason."""
     seeds_redirected: dict[str, str] = field(default_factory=dict)
@@ -98,12 +100,15 @@ def unseeded(queued: int, skipped: list[dict[str, str]]) -> tuple[int, str] | No
     return code, "nothing to crawl: no seed was queued\n" + "\n".join(lines)
 
 
-async def budget_used(state: CrawlState, summary: CrawlSummary) -> int:
-    """Pages the crawl queued: its budget key's count with ``--max-pages``; without, every page
-    record's queued (such a crawl's links skip the budget key: ``crawl.frontier``)."""
-    if (await state.spec(summary.crawl_id)).max_pages is None:
-        return summary.links.get("queued", 0)
-    return await state.used(summary.crawl_id)
+async def count_budget(state: CrawlState, summary: CrawlSummary) -> None:
+    """Fill in the pages the crawl queued: its budget key's count with ``--max-pages`` (and that
+    budget); without, every page record's queued (such a crawl's links skip the budget key:
+    ``crawl.frontier``)."""
+    summary.max_pages = (await state.spec(summary.crawl_id)).max_pages
+    if summary.max_pages is None:
+        summary.budget_used = summary.links.get("queued", 0)
+    else:
+        summary.budget_used = await state.used(summary.crawl_id)
 
 
 class CrawlWatch:
@@ -146,5 +151,5 @@ class CrawlWatch:
         summary = summarise(self.crawl_id, await self.state.pages(self.crawl_id))
         states = [self.tracker.final[t].state for t in self.tasks if t in self.tracker.final]
         summary.archived, summary.dead = states.count("archived"), states.count("dead")
-        summary.budget_used = await budget_used(self.state, summary)
+        await count_budget(self.state, summary)
         return summary

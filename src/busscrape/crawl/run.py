@@ -43,7 +43,7 @@ def make_spec(settings: Settings, seeds: list[str] | tuple[str, ...], **fields: 
 
 async def crawl_status(bus: Bus, crawl_id: str) -> CrawlSummary | None:
     """The summary of a crawl as CRAWLS and STATUS have it now (None: no such crawl)."""
-    from busscrape.crawl.progress import budget_used, summarise
+    from busscrape.crawl.progress import count_budget, summarise
     from busscrape.status.records import StatusBoard
 
     state = CrawlState(bus.js)
@@ -51,7 +51,7 @@ async def crawl_status(bus: Bus, crawl_id: str) -> CrawlSummary | None:
     if not pages:
         return None
     summary = summarise(crawl_id, pages)
-    summary.budget_used = await budget_used(state, summary)
+    await count_budget(state, summary)
     board = StatusBoard(bus.js)
     for task_id in (t for record in pages.values() for t in record.get("queued") or ()):
         latest = await board.latest(task_id)

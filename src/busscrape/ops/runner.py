@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from busscrape.errors import ConfigurationError
+from busscrape.errors import EXIT_AUTH, EXIT_CONFIG, ConfigurationError
 from busscrape.ops.lifeline import PidFiles
 from busscrape.ops.nats_server import EmbeddedNatsServer, free_port
 from busscrape.ops.supervisor import Daemons
@@ -160,7 +160,11 @@ class Runner:
         self.failure: tuple[int, str] | None = None
 
     def _fleet_failed(self, code: int, message: str) -> None:
-        """The local daemons cannot do the work (``Daemons.on_fatal``): stop now, not wait forever."""
+        """The local daemons cannot do the work (``Daemons.on_fatal``): stop now, not wait forever.
+        With a NATS URL a fleet elsewhere may still work: local workers all gone is a warning there."""
+        if self.settings.nats.url and code not in (EXIT_CONFIG, EXIT_AUTH):
+            log.warning("run.local_workers_gone", error=message)
+            return
         log.error("run.fleet_failed", code=code, error=message)
         self.failure = (code, message)
         self._stops += 1  # no grace: nothing is rendering, or nothing can
