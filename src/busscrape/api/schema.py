@@ -111,6 +111,9 @@ class CrawlStarted(BaseModel):
 
     crawl_id: str
     seeds: dict[str, int]
+    seeding: bool = False
+    """True when the seeds are still being read from the sitemaps (``--sitemaps``): that goes on
+    after the answer, and ``GET /crawls/{crawl_id}`` says when it is done (``seeding``)."""
 
 
 class CrawlProgress(BaseModel):
@@ -127,6 +130,8 @@ class CrawlProgress(BaseModel):
     skipped: list[dict[str, str]]
     seeds_redirected: dict[str, str] = {}
     """Seed → where it redirected (the crawl's scope took that in)."""
+    seeding: bool = False
+    """The seeds are still being read from the crawl's sitemaps (nothing is queued yet)."""
 
 
 class TasksAccepted(BaseModel):

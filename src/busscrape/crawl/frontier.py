@@ -102,15 +102,19 @@ class Frontier:
 
     # -- seeds ------------------------------------------------------------------------------
 
-    async def seed(self, spec: CrawlSpec, extra: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
-        """Store the crawl and queue its seeds (and ``extra`` URLs, from sitemaps) at depth 0;
-        a crawl seeded before keeps its seed record (it resumes)."""
+    async def seed(self, spec: CrawlSpec, extra: list[str] = (), *,  # type: ignore[assignment]
+                   sitemaps: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Store the crawl and queue its seeds (and ``extra`` URLs, from sitemaps, whose reading
+        ``sitemaps`` describes: ``SitemapSeeds.record``) at depth 0; a crawl seeded before
+        keeps its seed record (it resumes)."""
         await self.state.start(spec)
         record = await self.state.page(spec.crawl_id, SEEDS)
         if record is None:
             record = {"url": None, "depth": -1, "parent": None,
                       **await self._enqueue(spec, None, 0, [*spec.seeds, *extra], scoped=bool(extra),
                                             seeds=set(spec.seeds))}
+            if sitemaps is not None:
+                record["sitemaps"] = sitemaps
             await self.state.record_page(spec.crawl_id, SEEDS, record)
             record = await self.state.page(spec.crawl_id, SEEDS) or record
         return record

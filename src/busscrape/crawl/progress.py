@@ -41,6 +41,8 @@ class CrawlSummary:
     """A sample of the skipped links with their reason."""
     seeds_redirected: dict[str, str] = field(default_factory=dict)
     """Seed → where it redirected, which the scope took in (``crawl.scope``)."""
+    seeding: bool = False
+    """The crawl's rules are stored, its seeds not queued yet (its sitemaps are being read)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
