@@ -79,13 +79,6 @@ async def test_links_are_cut_to_the_value_limit_the_bucket_has_not_the_one_the_w
                                                                                                nats_url, site):
     """The streams were applied with 256 KiB values; the worker's own settings say 1 MiB. The
     links are cut to what CRAWLS takes (its ``max_value_size``), and the page archived once."""
-    import asyncio
-
-    from busscrape.bus import provision, topology
-    from busscrape.crawl.run import start_crawl
-    from busscrape.worker.daemon import Worker
-    from tests.support.bus import wait_until
-
     stem = site.url("/p/", host=1)
     anchors = "".join(f"<a href='{stem}{i:05d}-{'x' * 300}'>l</a>" for i in range(LINKS))
     site.page("/", f"<html><title>many</title><body>{anchors}</body></html>")
@@ -93,22 +86,14 @@ async def test_links_are_cut_to_the_value_limit_the_bucket_has_not_the_one_the_w
     settings = settings_for(tmp_path, nats_url, site, max_deliver=5).with_overrides(
         worker={"navigation_timeout": "60s"})
     small = settings.with_overrides(streams={"max_msg_size": "256KiB"})
-    await provision.apply(bus.js, topology.load(small))
     spec = CrawlSpec(seeds=(site.url("/"),), scope="any", depth=1, max_pages=1, robots="ignore")
-    await start_crawl(bus, small, spec)
     state = CrawlState(bus.js)
     index = crawl_task_id(spec.crawl_id, site.url("/"))
 
     async def followed() -> bool:
         return await state.page(spec.crawl_id, index) is not None and await count(bus.js, names.TASKS_STREAM) == 0
 
-    async with Worker(bus, settings.with_overrides(worker={"exit_when_idle": "1h"})) as worker:
-        running = asyncio.create_task(worker.run())
-        try:
-            await wait_until(followed, timeout=90)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(running, 60)
+    await crawl_until(bus, small, spec, followed, worker_settings=settings)
     assert await dead_letters(bus.js) == [] and site.hits[(site.hosts[0], "/")] == 1
     record = await state.page(spec.crawl_id, index)
     assert 300 < record["counts"]["discovered"] < 1000 and record["links_cut"] == LINKS - record["counts"]["discovered"]
