@@ -89,3 +89,39 @@ async def test_a_crawl_whose_seed_was_blocked_is_422_then_runs_once_the_api_allo
     assert (status, again["seeds"]["queued"]) == (202, 1)  # resumed: queued once
     [msg] = await stream_messages(applied.js, names.SEEN_STREAM)
     assert decode(ScrapeTask, msg.data).url == site.url("/b")
+
+async def test_post_crawls_with_sitemaps_answers_before_they_are_read(applied, http, site):
+    """The site's sitemap does not answer until the test lets it: ``POST /crawls`` answers 202
+    (``seeding``) meanwhile, ``GET`` says the crawl is seeding, and once the sitemap is read every
+    URL of it is queued."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    from tests.support.bus import wait_until
+
+    gate = threading.Event()
+
+    @site.route("/sitemap.xml")
+    async def sitemap(request: web.Request) -> web.StreamResponse:
+        await asyncio.to_thread(gate.wait, 120)
+        urls = "".join(f"<url><loc>{site.url(f'/p/{i}')}</loc></url>" for i in range(30))
+        return web.Response(text=f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>',
+                            content_type="application/xml")
+
+    body = {"seeds": [site.url("/")], "sitemaps": True, "robots": "ignore", "depth": 0}
+    try:
+        status, started = await call(http, "POST", "/crawls", json=body)
+        assert status == 202 and started["seeding"] is True and started["seeds"] == {}, started
+        status, progress = await call(http, "GET", f"/crawls/{started['crawl_id']}")
+        assert status == 200 and progress["seeding"] is True
+    finally:
+        gate.set()
+
+    async def seeded() -> bool:
+        return (await call(http, "GET", f"/crawls/{started['crawl_id']}"))[1].get("seeding") is False
+
+    await wait_until(seeded, timeout=90)
+    status, progress = await call(http, "GET", f"/crawls/{started['crawl_id']}")
+    assert progress["links"]["queued"] == 31

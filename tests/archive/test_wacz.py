@@ -37,11 +37,25 @@ def page_warc(url: str, html: str) -> bytes:
     return out.getvalue()
 
 
-async def archive_page(store, task_id: str, url: str, *, with_warc: bool = True) -> str:
+def revisit_warc(url: str, original: bytes) -> bytes:
+    """A WARC whose one response is a revisit of the response in ``original``."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    first = next(r for r in ArchiveIterator(io.BytesIO(original)) if r.rec_type == "response")
+    out = io.BytesIO()
+    writer = WARCWriter(out, gzip=True, warc_version="1.1")
+    headers = first.rec_headers
+    writer.write_record(writer.create_revisit_record(
+        url, headers.get_header("WARC-Payload-Digest"), headers.get_header("WARC-Target-URI"),
+        headers.get_header("WARC-Date"), http_headers=StatusAndHeaders("200 OK", [], protocol="HTTP/1.1")))
+    return out.getvalue()
+
+
+async def archive_page(store, task_id: str, url: str, *, with_warc: bool = True, warc: bytes | None = None) -> str:
     folder = f"dt=2026-12-02/host=example.org/{task_id}"
     objects = []
     if with_warc:
-        await store.put_bytes(f"{folder}/page.warc.gz", page_warc(url, f"<title>{task_id}</title>"),
+        await store.put_bytes(f"{folder}/page.warc.gz", warc or page_warc(url, f"<title>{task_id}</title>"),
                               content_type="application/warc")
         objects.append({"name": "page.warc.gz", "key": f"{folder}/page.warc.gz"})
     await store.put_bytes(f"{folder}/meta.json", orjson.dumps({"task_id": task_id, "url": url, "title": task_id,
@@ -110,3 +124,13 @@ async def test_the_wacz_command_packs_what_is_under_a_prefix_and_says_when_there
     assert (tmp_path / "archive" / "wacz" / "crawl.wacz").exists()
     empty = wacz_cmd("other", "--under", "dt=1999-01-01")
     assert empty.returncode == 2 and "no page WARC to package" in empty.stderr, empty.stdout + empty.stderr
+
+
+async def test_a_package_says_when_a_revisit_has_no_original_in_it(storage):  # noqa: F811
+    """A revisit (``warc_revisits = "worker"``) of a page left out of the package is counted."""
+    original = page_warc("http://example.org/one", "<title>same</title>")
+    one = await archive_page(storage, "a" * 32, "http://example.org/one", warc=original)
+    two = await archive_page(storage, "b" * 32, "http://example.org/two",
+                             warc=revisit_warc("http://example.org/two", original))
+    assert (await wacz.pack(storage, [two], "alone")).dangling == 1
+    assert (await wacz.pack(storage, [one, two], "together")).dangling == 0

@@ -56,10 +56,12 @@ def settings_for(tmp_path, nats_url, site, max_deliver: int):
                          streams={"worker_max_deliver": max_deliver})
 
 
-async def crawl_until(bus, settings, spec, done) -> None:
+async def crawl_until(bus, settings, spec, done, worker_settings=None) -> None:
+    """Apply the streams and start the crawl with ``settings``; run a worker (``worker_settings``,
+    the same by default) until ``done``."""
     await provision.apply(bus.js, topology.load(settings))
     await start_crawl(bus, settings, spec)
-    async with Worker(bus, settings.with_overrides(worker={"exit_when_idle": "1h"})) as worker:
+    async with Worker(bus, (worker_settings or settings).with_overrides(worker={"exit_when_idle": "1h"})) as worker:
         running = asyncio.create_task(worker.run())
         try:
             await wait_until(done, timeout=90)

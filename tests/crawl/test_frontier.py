@@ -560,7 +560,7 @@ async def test_sitemaps_asks_only_for_the_declared_ones_and_sitemap_xml_as_bussc
     site.route("/sitemap.xml")(serve(f'<?xml version="1.0" encoding="UTF-8"?><urlset xmlns='
                                      f'"http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>{site.url("/p")}'
                                      '</loc></url></urlset>', "application/xml"))
-    urls = await sitemap_urls([site.url("/")], NetworkPolicy.from_settings([f"{site.hosts[0]}/32"]))
-    assert urls == [site.url("/p")]
+    found = await sitemap_urls([site.url("/")], NetworkPolicy.from_settings([f"{site.hosts[0]}/32"]))
+    assert found.urls == [site.url("/p")]
     assert {path for (_, path) in site.hits} == {"/robots.txt", "/sitemap.xml"}, dict(site.hits)
     assert agents == ["busscrape", "busscrape"]

@@ -78,7 +78,7 @@ async def test_robots_txt_is_fetched_from_the_checked_address_only(applied, two_
 
 async def test_sitemaps_are_fetched_from_the_checked_address_only(two_faced):
     rebinding = policy()
-    urls = await sitemap_urls([f"http://localhost:{two_faced.port}/"], rebinding)
+    found = await sitemap_urls([f"http://localhost:{two_faced.port}/"], rebinding)
     assert refused_hits(two_faced) == []
     assert len(rebinding.answered) >= 2
-    assert urls == []
+    assert found.urls == []

@@ -111,6 +111,9 @@ class CrawlStarted(BaseModel):
 
     crawl_id: str
     seeds: dict[str, int]
+    seeding: bool = False
+    """True when the seeds are still being read from the sitemaps (``--sitemaps``): that goes on
+    after the answer, and ``GET /crawls/{crawl_id}`` says when it is done (``seeding``)."""
 
 
 class CrawlProgress(BaseModel):
@@ -131,6 +134,8 @@ class CrawlProgress(BaseModel):
     """Seeds not queued, with the reason (``blocked``: the network policy; asking again re-checks them)."""
     max_pages: int | None = None
     """The crawl's page budget (``budget_used`` counts against it), or none."""
+    seeding: bool = False
+    """The seeds are still being read from the crawl's sitemaps (nothing is queued yet)."""
 
 
 class TasksAccepted(BaseModel):

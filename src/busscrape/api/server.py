@@ -30,7 +30,7 @@ import hmac
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
@@ -63,6 +63,9 @@ from busscrape.search import open_index
 from busscrape.search.index import InvalidQuery, SearchIndex, SearchQuery, SearchUnavailable, parse_since
 from busscrape.settings import Settings
 from busscrape.status.history import TASK_ID, HistoryReader, TaskHistory
+
+if TYPE_CHECKING:
+    from busscrape.crawl.spec import CrawlSpec
 
 log = structlog.get_logger("busscrape.api")
 
@@ -121,6 +124,8 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
         self._entered = False
+        self._seeding: set[asyncio.Future[None]] = set()
+        """Crawls whose seeds are being read from their sitemaps (``_seed_later``)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -157,6 +162,9 @@ class ApiServer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for job in self._seeding:  # a crawl left unseeded is seeded by the same POST again
+            job.cancel()
+        await asyncio.gather(*self._seeding, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._index is not None:
@@ -248,12 +256,17 @@ class ApiServer:
 
     async def create_crawl(self, request: web.Request) -> web.Response:
         from busscrape.crawl.progress import unseeded
-        from busscrape.crawl.run import make_spec, start_crawl
+        from busscrape.crawl.run import make_spec, seeding_needed, start_crawl
 
         body = await self._json_body(request)
         try:
             wanted = CrawlRequest.model_validate(body)
             spec = make_spec(self.settings, wanted.seeds, **wanted.model_dump(exclude={"seeds"}))
+            if await seeding_needed(self.bus, self.settings, spec):
+                # Reading a site's sitemaps may take minutes: not inside the request.
+                self._seed_later(spec)
+                log.info("api.crawl", crawl_id=spec.crawl_id, seeding=True)
+                return reply(CrawlStarted(crawl_id=spec.crawl_id, seeds={}, seeding=True), 202)
             seeded = await start_crawl(self.bus, self.settings, spec)
         except ValidationError as exc:
             raise ApiError(400, "invalid_request", describe_validation_error(exc)) from None
@@ -269,6 +282,23 @@ class ApiServer:
         if nothing is not None:  # stored all the same: the same request once the policy allows resumes it
             raise ApiError(422, "crawl_seed_skipped", f"crawl {spec.crawl_id}: {nothing[1]}")
         return reply(CrawlStarted(crawl_id=spec.crawl_id, seeds=seeded.get("counts", {})), 202)
+
+    def _seed_later(self, spec: CrawlSpec) -> None:
+        """Queue a crawl's seeds from its sitemaps after the answer; a failure is logged, and the
+        same ``POST /crawls`` again reads them again (its rules are stored, its seeds are not)."""
+        from busscrape.crawl.run import start_crawl
+
+        async def seed() -> None:
+            try:
+                seeded = await start_crawl(self.bus, self.settings, spec)
+            except Exception as exc:  # a daemon never dies of one crawl's sitemaps
+                log.warning("api.crawl_seeding_failed", crawl_id=spec.crawl_id, error=repr(exc)[:500])
+                return
+            log.info("api.crawl_seeded", crawl_id=spec.crawl_id, **seeded.get("counts", {}))
+
+        job = asyncio.ensure_future(seed())
+        self._seeding.add(job)
+        job.add_done_callback(self._seeding.discard)
 
     async def get_crawl(self, request: web.Request) -> web.Response:
         from busscrape.crawl.run import crawl_status

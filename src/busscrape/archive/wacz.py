@@ -44,6 +44,10 @@ class Packed:
     size: int
     skipped: list[str] = field(default_factory=list)
     """Folders left out, each with why (no meta.json yet, no WARC in it)."""
+    dangling: int = 0
+    """``revisit`` records whose original is not in the package (WARCs written with
+    ``worker.warc_revisits = "worker"``, packed without the page holding the body): a replay of
+    those requests finds nothing. With the default (``page``) there are none."""
 
 
 def package_key(name: str, prefix: str = "") -> str:
@@ -94,10 +98,11 @@ async def pack(storage: Storage, folders: Iterable[str], name: str, *, prefix: s
         pages_file.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in [
             {"format": "json-pages-1.0", "id": "pages", "title": name}, *pages]))
         output = work / "out.wacz"
+        dangling = await asyncio.to_thread(_dangling, warcs)
         await asyncio.to_thread(_create, output, pages_file, warcs)
         await storage.put(key, _read(output), content_type="application/wacz")
         await storage.put_bytes(listing, "\n".join(held).encode() + b"\n", content_type="text/plain")
-        return Packed(key=key, pages=len(pages), size=output.stat().st_size, skipped=skipped)
+        return Packed(key=key, pages=len(pages), size=output.stat().st_size, skipped=skipped, dangling=dangling)
 
 
 async def _fetch(storage: Storage, folder: str, path: Path) -> tuple[dict | None, str]:
@@ -118,6 +123,25 @@ async def _fetch(storage: Storage, folder: str, path: Path) -> tuple[dict | None
     await asyncio.to_thread(path.write_bytes, data)
     return {"id": doc.get("task_id"), "url": doc.get("url"), "title": doc.get("title") or doc.get("url"),
             "path": path}, ""
+
+
+def _dangling(warcs: list[str]) -> int:
+    """Revisit records of ``warcs`` whose original (``WARC-Refers-To-Target-URI`` and ``-Date``)
+    none of them holds."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    held: set[tuple[str | None, str | None]] = set()
+    wanted: list[tuple[str | None, str | None]] = []
+    for path in warcs:
+        with open(path, "rb") as handle:
+            for record in ArchiveIterator(handle):
+                headers = record.rec_headers
+                if record.rec_type == "response":
+                    held.add((headers.get_header("WARC-Target-URI"), headers.get_header("WARC-Date")))
+                elif record.rec_type == "revisit":
+                    wanted.append((headers.get_header("WARC-Refers-To-Target-URI"),
+                                   headers.get_header("WARC-Refers-To-Date")))
+    return sum(original not in held for original in wanted)
 
 
 def _create(output: Path, pages: Path, warcs: list[str]) -> None:

@@ -55,6 +55,9 @@ async def package(s: Settings, name: str, *, folders: list[str] | None = None, u
 
 def report(packed: Packed) -> None:
     out.print(f"wacz: {safe(packed.key)} · {packed.pages} pages · {packed.size:,} bytes")
+    if packed.dangling:
+        err.print(f"  [yellow]{packed.dangling} revisit records refer to pages not in the package[/] "
+                  "(worker.warc_revisits = worker): pack those pages together")
     for why in packed.skipped[:20]:
         err.print(f"  [yellow]skipped[/] {safe(why)}")
     if len(packed.skipped) > 20:

@@ -35,7 +35,7 @@ import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 
-from busscrape.bus import names, payloads
+from busscrape.bus import names
 from busscrape.bus.publisher import WRONG_LAST_SEQUENCE
 from busscrape.crawl.links import PageLinks
 from busscrape.crawl.robots import Robots, origin_of
@@ -70,8 +70,6 @@ class Frontier:
         self.policy = policy
         self.robots = Robots(self.state, policy)
         self._normalise = UrlNormaliser(UrlRules.from_settings(settings.dispatch))
-        self.room = payloads.room(js, settings.streams.max_msg_size)
-        """Bytes a CRAWLS value may take: a page's kept links are cut to it (``links_cut``)."""
         self._ttl = str(max(1, int(settings.dispatch.recrawl_after)))
         self._rules: Lru[str, ScopeRules] = Lru(MAX_CRAWLS)
         self._tails: Lru[str, bytes] = Lru(MAX_CRAWLS)
@@ -103,15 +101,19 @@ class Frontier:
 
     # -- seeds ------------------------------------------------------------------------------
 
-    async def seed(self, spec: CrawlSpec, extra: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
-        """Store the crawl and queue its seeds (and ``extra`` URLs, from sitemaps) at depth 0;
-        a crawl seeded before keeps its seed record (it resumes)."""
+    async def seed(self, spec: CrawlSpec, extra: list[str] = (), *,  # type: ignore[assignment]
+                   sitemaps: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Store the crawl and queue its seeds (and ``extra`` URLs, from sitemaps, whose reading
+        ``sitemaps`` describes: ``SitemapSeeds.record``) at depth 0; a crawl seeded before
+        keeps its seed record (it resumes)."""
         await self.state.start(spec)
         record = await self.state.page(spec.crawl_id, SEEDS)
         if record is None:
             record = {"url": None, "depth": -1, "parent": None,
                       **await self._enqueue(spec, None, 0, [*spec.seeds, *extra], scoped=bool(extra),
                                             seeds=set(spec.seeds))}
+            if sitemaps is not None:
+                record["sitemaps"] = sitemaps
             await self.state.record_page(spec.crawl_id, SEEDS, record)
             record = await self.state.page(spec.crawl_id, SEEDS) or record
         elif any(s.get("reason") == "blocked" for s in record.get("skipped") or ()):
@@ -151,13 +153,14 @@ class Frontier:
         """Keep a page's links until they are followed (written before its result)."""
         assert task.crawl is not None
         final_url = bounds.cut(final_url, bounds.MAX_URL)
-        kept = self._fit(links).as_dict() if links else {}
+        kept = (await self._fit(links)).as_dict() if links else {}
         await self.state.save_links(task.crawl.crawl_id, task.task_id, {"final_url": final_url, **kept})
 
-    def _fit(self, links: PageLinks) -> PageLinks:
+    async def _fit(self, links: PageLinks) -> PageLinks:
         """The links as ``keep`` stores them, so that this delivery follows what a redelivery
-        would read back (``bounds.MAX_URL`` of final URL left beside them)."""
-        return links.fit(self.room - bounds.MAX_URL * 4)
+        would read back: within a CRAWLS value as the bucket has it (``state.room``), the final
+        URL (``bounds.MAX_URL``) beside them."""
+        return links.fit(await self.state.room() - bounds.MAX_URL * 4)
 
     async def follow(self, task: ScrapeTask, final_url: str | None = None, links: PageLinks | None = None) -> bool:
         """Queue the page's links (once). Without ``links``: those ``keep`` stored (a redelivery
@@ -173,7 +176,7 @@ class Frontier:
                 return False
             final_url, links = kept.get("final_url") or task.url, PageLinks.from_js(kept)
         else:
-            final_url, links = bounds.cut(final_url, bounds.MAX_URL) if final_url else final_url, self._fit(links)
+            final_url, links = bounds.cut(final_url, bounds.MAX_URL) if final_url else final_url, await self._fit(links)
         spec = await self.state.spec(crawl.crawl_id)
         record: dict[str, Any] = {"url": task.url, "depth": crawl.depth, "parent": crawl.parent,
                                   "final_url": final_url}

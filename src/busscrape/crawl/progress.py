@@ -47,6 +47,8 @@ class CrawlSummary:
     seeds_skipped: list[dict[str, str]] = field(default_factory=list)
     """The seeds (and sitemap URLs) not queued, with their reason (``blocked``, ``robots_disallowed`` …)."""
     seeds_queued: int = 0
+    seeding: bool = False
+    """The crawl's rules are stored, its seeds not queued yet (its sitemaps are being read)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,7 +15,7 @@ from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
 from busscrape.crawl.frontier import Frontier
 from busscrape.crawl.progress import CrawlSummary, CrawlWatch
-from busscrape.crawl.sitemaps import sitemap_urls
+from busscrape.crawl.sitemaps import SitemapLimits, sitemap_urls
 from busscrape.crawl.spec import CrawlSpec
 from busscrape.crawl.state import SEEDS, CrawlState
 from busscrape.dispatch.urls import UrlNormaliser, UrlRules
@@ -49,6 +49,8 @@ async def crawl_status(bus: Bus, crawl_id: str) -> CrawlSummary | None:
     state = CrawlState(bus.js)
     pages = await state.pages(crawl_id)
     if not pages:
+        if await state.stored(crawl_id):  # started, its seeds still being read from its sitemaps
+            return CrawlSummary(crawl_id=crawl_id, links={}, by_depth={}, pages_followed=0, seeding=True)
         return None
     summary = summarise(crawl_id, pages)
     await count_budget(state, summary)
@@ -61,6 +63,15 @@ async def crawl_status(bus: Bus, crawl_id: str) -> CrawlSummary | None:
     return summary
 
 
+async def seeding_needed(bus: Bus, settings: Settings, spec: CrawlSpec) -> bool:
+    """Check the bus and store the crawl's rules; whether its seeds are still to be queued from
+    its sitemaps (then ``start_crawl`` reads them: ``POST /crawls`` does that after answering)."""
+    await provision.require(bus.js, topology.load(settings), CRAWL_NEEDS)
+    state = CrawlState(bus.js)
+    await state.start(spec)
+    return spec.sitemaps and await state.page(spec.crawl_id, SEEDS) is None
+
+
 async def start_crawl(bus: Bus, settings: Settings, spec: CrawlSpec) -> dict[str, Any]:
     """Store the crawl and queue its seeds; the seed record (what the seeds became)."""
     await provision.require(bus.js, topology.load(settings), CRAWL_NEEDS)
@@ -68,10 +79,13 @@ async def start_crawl(bus: Bus, settings: Settings, spec: CrawlSpec) -> dict[str
     frontier = Frontier(bus.js, settings, policy)
     if await frontier.state.page(spec.crawl_id, SEEDS) is not None:
         return await frontier.seed(spec)  # resumed: seeded before
-    extra: list[str] = []
-    if spec.sitemaps:
-        extra = await sitemap_urls(spec.seeds, policy, spec.sitemap_since)
-    return await frontier.seed(spec, extra)
+    if not spec.sitemaps:
+        return await frontier.seed(spec)
+    d = settings.dispatch
+    found = await sitemap_urls(spec.seeds, policy, spec.sitemap_since,
+                               SitemapLimits(urls=d.sitemap_max_urls, files=d.sitemap_max_files,
+                                             bytes=d.sitemap_max_bytes))
+    return await frontier.seed(spec, found.urls, sitemaps=found.record())
 
 
 async def crawl_until_done(bus: Bus, settings: Settings, spec: CrawlSpec, tracker: Tracker, stop: asyncio.Event,

@@ -59,6 +59,10 @@ class CrawlState:
             return False
         return True
 
+    async def stored(self, crawl_id: str) -> bool:
+        """Whether the crawl's rules are stored (it was started)."""
+        return await self._get(f"{crawl_id}.spec") is not None
+
     async def spec(self, crawl_id: str) -> CrawlSpec:
         """The crawl's rules (cached: they never change under one id)."""
         spec = self._specs.get(crawl_id)

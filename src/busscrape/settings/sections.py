@@ -214,6 +214,16 @@ class DispatchSettings(_Section):
     """Retries of a publish that failed or timed out before it is counted as failed."""
     drain_timeout: Duration = "5s"
     """On SIGINT/SIGTERM, how long PubAcks still in flight are waited for (the rest: unconfirmed)."""
+    sitemap_max_urls: int = Field(100_000, ge=1)
+    """Seeds a crawl takes from its sitemaps (``--sitemaps``); the crawl's seed record counts
+    those left out (``sitemaps.cut.urls``)."""
+    sitemap_max_files: int = Field(1000, ge=1)
+    """Requests made to read one crawl's sitemaps (robots.txt, index files, gzip ones and the
+    known sitemap paths tried included); those not made are counted in the seed record
+    (``sitemaps.cut.files``)."""
+    sitemap_max_bytes: Size = "50MiB"
+    """Most bytes read of one sitemap file (the sitemaps protocol allows 50 MB uncompressed); a
+    longer one is read up to here and named in the seed record (``sitemaps.truncated``)."""
 
 
 class BrowserSettings(_Section):
@@ -306,6 +316,13 @@ class WorkerSettings(_Section):
     max_warc_bytes: Size = "100MB"
     """Most bytes of payload (bodies, the DOM, screenshots) one page's WARC holds; what comes
     after is recorded without its body (``WARC-Truncated: length``)."""
+    archive_session_cookies: Literal["masked", "kept"] = "masked"
+    """What the HAR and WARC of a session's page keep of its cookies (``Cookie`` and
+    ``Set-Cookie`` headers, which hold the session's login): ``masked``, their values replaced by
+    ``[masked]`` (safe to share the archive; a replay is logged out), or ``kept`` (as on the
+    wire, as Browsertrix keeps them: the replay is logged in, and the archive holds a token
+    that may still open the account). Pages without a session keep their cookies either way;
+    the login itself is never recorded."""
     warc_revisits: Literal["page", "worker"] = "page"
     """What a WARC ``revisit`` record may refer to instead of storing a body again: ``page``, a
     response earlier in the same page's WARC (every page's WARC, and any WACZ of some of the

@@ -442,7 +442,9 @@ class Worker(PullService):
                 failed.append(kept)
         if failed:
             await self.results.drop(refs)
-            raise failed[0] if isinstance(failed[0], StorageUnavailable) else StorageUnavailable(repr(failed[0]))
+            if isinstance(failed[0], StorageUnavailable | PermanentError):  # too large is never a retry
+                raise failed[0]
+            raise StorageUnavailable(repr(failed[0]))
         return ScrapeResult(
             task_id=task.task_id, task_seq=seq, url=task.url, original_url=task.original_url,
             final_url=rendered.final_url, status=rendered.status, redirect_chain=rendered.redirect_chain,
