@@ -230,7 +230,7 @@ async def test_search_over_http(api_settings, http):
     [hit] = body["results"]
     assert hit["title"] == "River news" and "⟦wombat⟧" in hit["snippet"]
     assert hit["archive_key"] == "dt=2025-06-30/host=a.example/t1"
-    for params, reason in [({"q": '"unbalanced'}, "invalid_query"), ({}, "invalid_query"),
+    for params, reason in [({"q": "-wombat"}, "invalid_query"), ({}, "invalid_query"),
                            ({"q": "x", "limit": "0"}, "invalid_query"), ({"q": "x", "limit": "ten"}, "invalid_query"),
                            ({"q": "x", "since": "whenever"}, "invalid_query")]:
         status, body = await call(http, "GET", "/search", params=params)

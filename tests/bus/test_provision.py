@@ -187,6 +187,54 @@ async def test_tasks_moved_to_partitions_queue_nothing_seen_holds_a_second_time(
     assert {c.action for c in await provision.plan(bus.js, topology.load(settings))} == {"unchanged"}
 
 
+async def test_a_task_written_to_seen_while_its_source_changes_form_is_queued_once(bus, settings, tmp_path):
+    """The window of the resuming-source change: the old form is checked quiet, then a dispatcher
+    writes to SEEN before the update takes effect; the old form sources it, and the new form,
+    starting after the check, sources it again. Its second copy is dropped."""
+    folder = tmp_path / "defs"
+    shutil.copytree(topology.definitions_dir(settings), folder)
+    path = folder / "tasks.toml"
+    src, dest = names.SEEN_TO_TASKS
+    path.write_text(path.read_text().replace(f'src = "{src}", dest = "{dest}"',
+                                             'src = "$KV.SEEN.>", dest = "busscrape.tasks.>"'))
+    await provision.apply(bus.js, topology.load(settings, folder))
+    for i in range(2):
+        await enqueue(bus.js, f"http://example.com/queued/{i}")
+    await wait_until(lambda: _messages(bus.js, names.TASKS_STREAM, 2), timeout=30)
+
+    js, update, late = bus.js, bus.js.update_stream, []
+
+    async def a_write_in_the_window(config, **kwargs):
+        if config.name == names.TASKS_STREAM and not late:
+            late.append(await enqueue(js, "http://example.com/in-the-window"))
+            await wait_until(lambda: _messages(js, names.TASKS_STREAM, 3), timeout=30)  # the old form took it
+        return await update(config, **kwargs)
+
+    js.update_stream = a_write_in_the_window
+    try:
+        await provision.apply(js, topology.load(settings))
+    finally:
+        js.update_stream = update
+    after = await enqueue(js, "http://example.com/after")
+    await wait_until(lambda: _at_least(js, names.TASKS_STREAM, 4), timeout=30)
+    await asyncio.sleep(1.0)  # a second copy would be sourced by now
+    info = await js.stream_info(names.TASKS_STREAM)
+    tasks = [await js.get_msg(names.TASKS_STREAM, seq) for seq in range(info.state.first_seq,
+                                                                       info.state.last_seq + 1)
+             if await _exists(js, seq)]
+    ids = sorted(m.headers[names.STREAM_SOURCE].split(" ")[1] for m in tasks)
+    assert len(ids) == len(set(ids)) == 4, ids  # two queued before, the one in the window, one after
+    assert after.task_id and late
+
+
+async def _exists(js, seq: int) -> bool:
+    try:
+        await js.get_msg(names.TASKS_STREAM, seq)
+    except Exception:
+        return False
+    return True
+
+
 async def _at_least(js, stream: str, n: int) -> bool:
     return (await js.stream_info(stream)).state.messages >= n
 

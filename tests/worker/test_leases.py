@@ -86,3 +86,33 @@ async def test_a_holder_that_lost_its_lease_stops_the_work_it_guards_and_leaves_
         lease.check()  # no later work starts either
     await lease.release()
     assert (await hosts.get("login.s1")).value == thief[1]  # the new holder's key stays
+
+
+async def test_an_ingesters_folder_lease_outlives_a_renewal_whose_reply_was_lost(bus, settings):
+    """The same rule for archive folders (ingest.leases, on bus.leases): before, a lost reply
+    made the next renewal fail on its revision, the write was abandoned (FolderLost) and the
+    folder stayed taken for the TTL."""
+    from busscrape.ingest.leases import FolderLeases
+
+    await provision.apply(bus.js, topology.load(settings.with_overrides(streams={"folder_lease_ttl": "3s"})))
+    leases = FolderLeases(bus.js, "ingester-1")
+    kv = await bus.js.key_value(names.FOLDERS_BUCKET)
+    async with leases.hold("dt=2026-12-03/host=a.example/t1") as lease:
+        lease.ttl = 0.6  # renew often: the test need not wait a whole bucket TTL
+        update, replies_lost = kv.update, []
+
+        async def applied_then_timed_out(*args, **kwargs):
+            revision = await update(*args, **kwargs)
+            if not replies_lost:
+                replies_lost.append(revision)
+                raise nats.errors.TimeoutError
+            return revision
+
+        lease._kv.update = applied_then_timed_out
+        try:
+            await wait_until(lambda: _renewed_after(lease, kv, replies_lost), timeout=15, every=0.05)
+        finally:
+            lease._kv.update = update
+        lease.check()  # still this ingester's: the write may commit
+        assert (await kv.get(lease.key)).value.startswith(b"ingester-1 ")
+    assert await take(kv, lease.key, b"ingester-2") is not None  # freed at once

@@ -238,8 +238,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                 "get": {
                     "operationId": "search", "summary": "Full-text search of the archived pages, best first",
                     "parameters": [
-                        {"name": "q", "in": "query", "required": True, "description": "The query, in the backend's "
-                         "syntax (FTS5 MATCH / websearch_to_tsquery)",
+                        {"name": "q", "in": "query", "required": True, "description": "The query, the same on every "
+                         "backend: words (all of them), \"a phrase\", a or b, -word (excluded)",
                          "schema": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS}},
                         {"name": "host", "in": "query", "schema": {"type": "string", "maxLength": MAX_HOST_PARAM}},
                         {"name": "since", "in": "query", "description": "A date, a time (ISO 8601) or an age "

@@ -202,6 +202,8 @@ def ack_subject(stream: str, consumer: str, stream_seq: int, consumer_seq: int) 
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 MSG_TTL = "Nats-TTL"
+STREAM_SOURCE = "Nats-Stream-Source"
+"""Set by nats-server on a sourced message: ``<source>[:<hash>] <seq> <filter> <transform> …`` (``bus.provision``)."""
 ROLLUP = "Nats-Rollup"
 TRACEPARENT = "traceparent"
 KV_OPERATION = "KV-Operation"  # DEL / PURGE on a key-value delete marker

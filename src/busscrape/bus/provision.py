@@ -21,6 +21,7 @@ from typing import Any, Literal
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
+from busscrape.bus.resuming import Resumed, drop_twice_sourced
 from busscrape.bus.retry import patiently
 from busscrape.bus.topology import Definition
 from busscrape.errors import StreamConflict, StreamsMissing
@@ -225,14 +226,18 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
             await js.add_stream(d.create)
     else:
         live = await js.stream_info(d.stream)
-        await js.update_stream(await _resuming_sources(js, live, _with_desired(live.config, d)))
+        config, resumed = await _resuming_sources(js, live, _with_desired(live.config, d))
+        await js.update_stream(config)
+        if resumed:
+            await drop_twice_sourced(js, d.stream, resumed)
 
 
 QUIET = 1.0
 """Seconds a source stream must take no message before a changed source may start after its end."""
 
 
-async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo, config: api.StreamConfig) -> api.StreamConfig:
+async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo,
+                            config: api.StreamConfig) -> tuple[api.StreamConfig, dict[str, Resumed]]:
     """``config`` with each changed source starting right after what its old form sourced.
 
     nats-server keys a source's progress by its filter and transforms: one whose transforms
@@ -241,9 +246,15 @@ async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo, config: 
     form stopped is exact only while nothing writes the source stream, so the change is refused
     unless the source has been quiet for ``QUIET`` and is fully sourced (lag 0). A source that
     does not change keeps its live start (a start set here must survive later applies).
+
+    A write to the source between that check and the update's taking effect is sourced by the
+    old form, then by the new one (it starts right after the check): ``bus.resuming`` removes
+    the old form's copy. Also returned: by changed source, where the stream and the source were
+    at the check (the copies can only be after it).
     """
     old = {s.name: s for s in live.config.sources or ()}
     sources = []
+    resumed: dict[str, Resumed] = {}
     for source in config.sources or ():
         before = old.get(source.name)
         if before is None or _normal(before) == _normal(source):
@@ -261,7 +272,10 @@ async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo, config: 
                 f"while nothing is written to it (lag {lag}, {last - first} new messages in {QUIET:g}s). "
                 "Stop dispatchers, crawls and `busscrape run`, then apply again")
         sources.append(dataclasses.replace(source, opt_start_seq=last + 1))
-    return config.evolve(sources=sources) if sources else config
+        transforms = source.subject_transforms or ()
+        resumed[source.name] = Resumed((await js.stream_info(live.config.name)).state.last_seq, last,
+                                        transforms[0].dest if transforms else "")
+    return (config.evolve(sources=sources) if sources else config), resumed
 
 
 def _with_desired(live: Any, d: Definition) -> Any:

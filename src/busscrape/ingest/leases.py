@@ -6,7 +6,8 @@ a ``meta.json`` whose digests do not match the files beside it. So an ingester h
 key in the FOLDERS bucket while it writes: created atomically (first writer wins), renewed while
 the write goes on, deleted when it is done. A lease a killed ingester left expires with the
 bucket's TTL (``streams/folders.toml``); a renewal that fails for that long gives the folder up
-and the write is abandoned before its ``meta.json`` (the result is retried).
+and the write is abandoned before its ``meta.json`` (the result is retried). The lease is a
+``bus.leases.Lease``: it names its holder, and a renewal whose reply was lost does not lose it.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import hashlib
 import time
 from collections.abc import AsyncIterator
 
-import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from busscrape.bus import names
+from busscrape.bus import leases, names
 from busscrape.bus.retry import TRANSIENT
 from busscrape.errors import StorageUnavailable
 
@@ -64,62 +64,39 @@ class FolderLeases:
         keeps it longer than ``WAIT`` or NATS does not answer (the result is retried later)."""
         try:
             kv = await self._bucket()
-            lease = Lease(kv, self.key(folder), await self._acquire(kv, self.key(folder), folder), self.ttl)
+            lease = Lease(kv, self.key(folder), *await self._acquire(kv, self.key(folder), folder), self.ttl)
         except TRANSIENT as exc:
             raise StorageUnavailable(f"cannot lease archive folder {folder}: {exc!r}") from None
-        renewing = asyncio.create_task(lease.keep())
         try:
             yield lease
         finally:
-            renewing.cancel()
-            await asyncio.gather(renewing, return_exceptions=True)
             await lease.release()
 
-    async def _acquire(self, kv: KeyValue, key: str, folder: str) -> int:
+    async def _acquire(self, kv: KeyValue, key: str, folder: str) -> tuple[int, bytes]:
         deadline = time.monotonic() + WAIT
         busy = False
         while True:
-            try:
-                return await kv.create(key, self.holder)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                if not busy:
-                    busy = True
-                    self.waited += 1
-                    log.info("folder.busy", folder=folder)
+            if (taken := await leases.take(kv, key, self.holder)) is not None:
+                return taken
+            if not busy:
+                busy = True
+                self.waited += 1
+                log.info("folder.busy", folder=folder)
             if time.monotonic() >= deadline:
                 raise StorageUnavailable(f"archive folder {folder} is being written by another ingester",
                                          reason="folder_busy")
             await asyncio.sleep(POLL)
 
 
-class Lease:
-    """One held folder. ``check()`` before committing: raises ``FolderLost`` if it was lost."""
+class Lease(leases.Lease):
+    """One held folder (``bus.leases``: it names its holder, survives a renewal whose reply was
+    lost). ``check()`` before committing: raises ``FolderLost`` if it was lost, or was not
+    confirmed renewed for most of the TTL (it may be expiring while NATS is away)."""
 
-    def __init__(self, kv: KeyValue, key: str, revision: int, ttl: float) -> None:
-        self._kv = kv
-        self.key = key
-        self.revision = revision
-        self.ttl = ttl
-        self.lost = False
-        self._renewed = time.monotonic()
+    def lost_error(self) -> Exception:
+        return FolderLost(f"the lease on archive folder key {self.key} was lost or not renewed in time")
 
     def check(self) -> None:
-        if self.lost or time.monotonic() - self._renewed >= self.ttl * 0.75:
-            raise FolderLost(f"the lease on archive folder key {self.key} was lost or not renewed in time")
-
-    async def keep(self) -> None:
-        """Renew every quarter of the TTL (an update resets the key's age)."""
-        while True:
-            await asyncio.sleep(self.ttl / 4)
-            try:
-                self.revision = await self._kv.update(self.key, b"renewed", last=self.revision)
-                self._renewed = time.monotonic()
-            except nats.js.errors.KeyWrongLastSequenceError:
-                self.lost = True  # check() says so before anything is committed
-                return
-            except TRANSIENT as exc:
-                log.warning("folder.renew_failed", error=repr(exc))
-
-    async def release(self) -> None:
-        with contextlib.suppress(*TRANSIENT):
-            await self._kv.delete(self.key, last=self.revision)
+        if time.monotonic() - self.confirmed >= self.ttl * 0.75:
+            raise self.lost_error()
+        super().check()

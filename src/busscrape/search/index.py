@@ -12,9 +12,9 @@
 
 A row is one archived page (``IndexedPage``), keyed by its archive folder: a redelivered result
 rewrites its own row, a recrawl on another day adds a row of its own (the archive keeps both
-too). Queries use the backend's own language, always bound as a parameter: FTS5's MATCH syntax
-(``word``, ``"a phrase"``, ``a OR b``, ``NOT``, ``pre*``, ``title:word``) or PostgreSQL's
-``websearch_to_tsquery`` (``word``, ``"a phrase"``, ``a or b``, ``-word``).
+too). Queries have one language on both backends (``search.terms``: ``word``, ``"a phrase"``,
+``a or b``, ``-word``), parsed once into terms that each backend renders in its own syntax,
+always bound as a parameter.
 
 A page whose task had an extractor is indexed with its record: the record's text is searched with
 the page's, and ``SearchQuery.where`` (``--where price<100``) keeps the pages whose record's
@@ -43,6 +43,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from busscrape.errors import InputError, RetryableError
+from busscrape.search.terms import Terms
+from busscrape.search.terms import parse as parse_terms
 from busscrape.units import parse_duration
 
 MAX_QUERY_CHARS = 1000
@@ -119,6 +121,10 @@ class Filter:
         return f"{self.field}{self.op}{self.value}"
 
 
+NO_TERMS = Terms(())
+"""No terms: the default of a ``SearchQuery`` made without ``parse`` (it finds nothing)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
     """A validated query: build it with ``SearchQuery.parse``."""
@@ -129,6 +135,8 @@ class SearchQuery:
     limit: int = 10
     where: tuple[Filter, ...] = ()
     """Conditions on the extracted record's fields, all of which must hold."""
+    terms: Terms = NO_TERMS
+    """``text`` parsed (``search.terms``): what the backends search for."""
 
     @classmethod
     def parse(cls, text: str, *, host: str | None = None, since: datetime | None = None, limit: int = 10,
@@ -149,7 +157,11 @@ class SearchQuery:
         if len(where) > MAX_FILTERS:
             raise InvalidQuery(f"at most {MAX_FILTERS} where conditions")
         filters = tuple(Filter.parse(w) for w in where)
-        return cls(stripped, host.strip().lower() if host and host.strip() else None, since, limit, filters)
+        terms = parse_terms(stripped)
+        if terms is None:
+            raise InvalidQuery("invalid query: it has no word to find (a query of only -exclusions, operators or "
+                               "punctuation finds nothing)")
+        return cls(stripped, host.strip().lower() if host and host.strip() else None, since, limit, filters, terms)
 
 
 class SearchHit(BaseModel):

@@ -6,8 +6,9 @@ configuration (``BUSSCRAPE_SEARCH__POSTGRES_CONFIG``, ``simple`` by default: no 
 language indexes alike) and the extracted record's text (B; the record itself in ``record jsonb``,
 which ``where`` filters read). A GIN index serves ``@@``; results are ranked by ``ts_rank_cd`` (cover
 density, which rewards matched terms that stand close together) and shown with ``ts_headline``.
-Queries go through ``websearch_to_tsquery``, which accepts what people type into a search box and
-never fails to parse; everything is a bound parameter, the configuration name included.
+Queries go through ``websearch_to_tsquery``, from the terms of ``search.terms`` rendered as a
+normalised websearch text (``websearch``: the same query means the same on SQLite); everything is
+a bound parameter, the configuration name included.
 
 Several ingesters share the table: the tables are created under an advisory lock, so two
 processes starting at once do not race on ``CREATE TABLE IF NOT EXISTS``.
@@ -36,6 +37,7 @@ from busscrape.search.index import (
     SearchUnavailable,
     utc,
 )
+from busscrape.search.terms import Term, Terms
 
 TABLE = "busscrape_pages"
 SCHEMA_LOCK = zlib.crc32(b"busscrape.search.schema")  # the advisory lock that serialises schema creation
@@ -59,8 +61,18 @@ CREATE INDEX IF NOT EXISTS {TABLE}_host ON {TABLE} (host, scraped_at);
 CREATE INDEX IF NOT EXISTS {TABLE}_task ON {TABLE} (task_id);
 """
 
-DOCUMENT = ("setweight(to_tsvector($1::regconfig, $6), 'A') || setweight(to_tsvector($1::regconfig, $7), 'B') "
-            "|| setweight(to_tsvector('simple', $4), 'C') || setweight(to_tsvector($1::regconfig, $9), 'B')")
+
+
+def _words(text: str) -> str:
+    """SQL: ``text`` with a hyphen inside a word made a space, as queries are (``websearch``):
+    PostgreSQL's parser reads ``covid-19`` as ``covid`` and ``-19``, FTS5 as ``covid 19``."""
+    return f"regexp_replace({text}, '(?<=\\w)-(?=\\w)', ' ', 'g')"
+
+
+DOCUMENT = (f"setweight(to_tsvector($1::regconfig, {_words('$6')}), 'A') "
+            f"|| setweight(to_tsvector($1::regconfig, {_words('$7')}), 'B') "
+            f"|| setweight(to_tsvector('simple', {_words('$4')}), 'C') "
+            f"|| setweight(to_tsvector($1::regconfig, {_words('$9')}), 'B')")
 UPSERT = f"""
 INSERT INTO {TABLE} (archive_key, task_id, url, host, title, body, scraped_at, extracted, extractor, record, document)
 VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, {DOCUMENT})
@@ -96,6 +108,20 @@ def masked(dsn: str) -> str:
     # everything up to the last ``@`` before the host is the secret.
     return re.sub(r"(://[^:/@\s]*:)\S*@", r"\1***@", re.sub(r"(password=)\S+", r"\1***", dsn))
 
+
+_HYPHEN = re.compile(r"(?<=\w)-(?=\w)")
+
+
+def websearch(terms: Terms) -> str:
+    """The terms as a ``websearch_to_tsquery`` text: every term quoted (a phrase of the
+    configuration's tokens: nothing in it is an operator), ``or`` within a group, ``-`` excluded.
+    A hyphen inside a word is a space: PostgreSQL's parser keeps ``covid-19`` as one token
+    beside its parts, FTS5 only has the parts; the phrase of the parts finds both spellings on
+    both backends (``covid-19`` and ``covid 19``)."""
+    def quoted(term: Term) -> str:
+        return '"' + _HYPHEN.sub(" ", term.text) + '"'  # terms hold no double quote (search.terms)
+
+    return " ".join([" or ".join(map(quoted, g)) for g in terms.groups] + [f"-{quoted(t)}" for t in terms.excluded])
 
 class PostgresIndex(SearchIndex):
     """``busscrape_pages`` in the database ``dsn`` names (created when missing)."""
@@ -156,7 +182,8 @@ class PostgresIndex(SearchIndex):
 
     async def search(self, query: SearchQuery) -> list[SearchHit]:
         where, params = _conditions(query.where, first=7)
-        rows = await self._run("fetch", SEARCH.format(where=where), self.config, query.text, HEADLINE, query.host,
+        rows = await self._run("fetch", SEARCH.format(where=where), self.config, websearch(query.terms), HEADLINE,
+                               query.host,
                                query.since, query.limit, *params)
         return [SearchHit(task_id=r["task_id"], url=r["url"], host=r["host"], title=r["title"],
                           scraped_at=r["scraped_at"], archive_key=r["archive_key"], snippet=r["snippet"] or "",

@@ -38,6 +38,7 @@ from busscrape.search.index import (
     SearchUnavailable,
     utc,
 )
+from busscrape.search.terms import Term, Terms
 
 T = TypeVar("T")
 
@@ -140,9 +141,20 @@ def _conditions(filters: tuple[Filter, ...]) -> tuple[str, list[Any]]:
             params += [f"$.{f.field}", f.value]
     return "\n  ".join(sql), params
 
-SYNTAX = 'FTS5 syntax: words, "a phrase", a OR b, a NOT b, pre*, title:/body:/url:word'
-# What SQLite says when the MATCH expression itself is wrong (as opposed to the file or the disk).
+SYNTAX = 'query syntax: words, "a phrase", a or b, -word'
+# What SQLite says when the MATCH expression itself is wrong (as opposed to the file or the disk):
+# never for what fts5() renders, but said as a query's fault, not the index's, should it happen.
 _QUERY_ERRORS = ("fts5:", "no such column", "unterminated string", "unknown special query", "syntax error")
+
+
+def fts5(terms: Terms) -> str:
+    """The terms as an FTS5 MATCH expression: every term a quoted string (FTS5 splits it into the
+    phrase of its tokens, ``"covid-19"`` → covid 19: nothing in it is an operator)."""
+    def quoted(term: Term) -> str:
+        return '"' + term.text.replace('"', '""') + '"'
+
+    groups = [quoted(g[0]) if len(g) == 1 else "(" + " OR ".join(map(quoted, g)) + ")" for g in terms.groups]
+    return " AND ".join(groups) + "".join(f" NOT {quoted(t)}" for t in terms.excluded)
 
 
 def _timestamp(moment: datetime) -> str:
@@ -231,7 +243,7 @@ class SqliteIndex(SearchIndex):
     async def search(self, query: SearchQuery) -> list[SearchHit]:
         since = _timestamp(query.since) if query.since else None
         where, filters = _conditions(query.where)
-        params = (MARK_START, MARK_END, query.text, query.host, query.host, since, since, *filters, query.limit)
+        params = (MARK_START, MARK_END, fts5(query.terms), query.host, query.host, since, since, *filters, query.limit)
         rows = await self._guarded(self._search, SEARCH.format(where=where), params)
         return [SearchHit(task_id=r[0], url=r[1], host=r[2], title=r[3], scraped_at=datetime.fromisoformat(r[4]),
                           archive_key=r[5], snippet=r[6] or "", score=-r[7], extractor=r[8],
