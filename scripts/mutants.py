@@ -231,7 +231,28 @@ def pytest(mutant: Mutant, extra: list[str]) -> subprocess.CompletedProcess[str]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
            *extra, *mutant.tests]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=mutant.timeout)
+    # Its own process group: on a timeout or Ctrl-C the servers and browsers the tests started go too.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=mutant.timeout)
+    except BaseException:
+        _stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def _stop_group(proc: subprocess.Popen[str]) -> None:
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_one(mutant: Mutant, extra: list[str], baseline: bool = False) -> tuple[str, float, str]:
