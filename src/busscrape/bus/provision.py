@@ -14,9 +14,10 @@ import asyncio
 import dataclasses
 import math
 import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import nats.js.errors
 from nats.js import JetStreamContext, api
@@ -90,7 +91,7 @@ def _same(name: str, live: Any, desired: Any) -> bool:
         return math.isclose(live, desired, rel_tol=1e-6, abs_tol=1e-6)
     if name == "subjects":
         return sorted(live or []) == sorted(desired or [])
-    return live == desired
+    return bool(live == desired)
 
 
 def _diff(desired: dict[str, Any], live_config: Any) -> list[FieldChange]:
@@ -127,11 +128,11 @@ async def plan(js: JetStreamContext, definitions: list[Definition]) -> list[Chan
                 continue
             changes.append(_classify(d, _diff(d.managed, info.config), IMMUTABLE_CONSUMER))
         else:
-            info = await _live_stream(js, d.stream)
-            if info is None:
+            stream = await _live_stream(js, d.stream)
+            if stream is None:
                 changes.append(Change(d, "create"))
                 continue
-            changes.append(_classify(d, _diff(d.managed, info.config), IMMUTABLE_STREAM))
+            changes.append(_classify(d, _diff(d.managed, stream.config), IMMUTABLE_STREAM))
     return changes
 
 
@@ -200,13 +201,13 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
             await js.delete_stream(d.stream)
         change.action = "create"
     if d.kind == "consumer":
-        config = d.create
+        config = cast(api.ConsumerConfig, d.create)
         if change.action == "update":
             config = _with_desired((await js.consumer_info(d.stream, d.name)).config, d)
         await js.add_consumer(d.stream, config)
     elif change.action == "create":
         if d.kind == "kv":
-            await js.create_key_value(d.create)
+            await js.create_key_value(cast(api.KeyValueConfig, d.create))
             # What the bucket API cannot say (``topology.STREAM_ONLY``: compression) must be there
             # when the stream is made: the file store takes its compression then, and an update
             # only changes the configuration (measured: SEEN stayed uncompressed on disk). So the
@@ -216,16 +217,16 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
                 await js.delete_stream(d.stream)
                 await js.add_stream(_with_desired(live, d))
         elif d.kind == "object_store":
-            await js.create_object_store(d.name, config=d.create)
+            await js.create_object_store(d.name, config=cast(api.ObjectStoreConfig, d.create))
             # Its duplicate window (``STREAM_ONLY``), which an update can set on the empty stream.
             live = (await js.stream_info(d.stream)).config
             if _diff(d.managed, live):
                 await js.update_stream(_with_desired(live, d))
         else:
-            await js.add_stream(d.create)
+            await js.add_stream(cast(api.StreamConfig, d.create))
     else:
-        live = await js.stream_info(d.stream)
-        await js.update_stream(await _resuming_sources(js, live, _with_desired(live.config, d)))
+        info = await js.stream_info(d.stream)
+        await js.update_stream(await _resuming_sources(js, info, _with_desired(info.config, d)))
 
 
 QUIET = 1.0
@@ -242,6 +243,7 @@ async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo, config: 
     unless the source has been quiet for ``QUIET`` and is fully sourced (lag 0). A source that
     does not change keeps its live start (a start set here must survive later applies).
     """
+    stream = cast(str, live.config.name)  # nats-py's StreamConfig has it optional; a live stream's is set
     old = {s.name: s for s in live.config.sources or ()}
     sources = []
     for source in config.sources or ():
@@ -251,7 +253,7 @@ async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo, config: 
             continue
         first = (await js.stream_info(source.name)).state.last_seq
         await asyncio.sleep(QUIET)
-        infos = (await js.stream_info(live.config.name)).sources or ()
+        infos = (await js.stream_info(stream)).sources or ()
         lag = next((i.lag for i in infos if i.name == source.name), None)
         last = (await js.stream_info(source.name)).state.last_seq
         if lag != 0 or first != last:
@@ -269,7 +271,7 @@ def _with_desired(live: Any, d: Definition) -> Any:
     return live.evolve(**{name: getattr(d.config, name) for name in d.managed})
 
 
-async def require(js: JetStreamContext, definitions: list[Definition], needed: set[tuple[str, str]], *,
+async def require(js: JetStreamContext, definitions: list[Definition], needed: Set[tuple[str, str]], *,
                   wait: float = 0.0) -> None:
     """Raise ``StreamsMissing`` naming every needed stream/consumer/bucket that is absent.
 
@@ -287,7 +289,7 @@ async def require(js: JetStreamContext, definitions: list[Definition], needed: s
         await asyncio.sleep(0.05)
 
 
-async def _missing(js: JetStreamContext, definitions: list[Definition], needed: set[tuple[str, str]]) -> list[str]:
+async def _missing(js: JetStreamContext, definitions: list[Definition], needed: Set[tuple[str, str]]) -> list[str]:
     missing = []
     for d in definitions:
         if (d.kind, d.name) not in needed:
