@@ -73,8 +73,8 @@ def crawl_cmd(
         if len(seeds) != 2:
             options.usage("write `busscrape crawl status CRAWL_ID`")
         s = settings(nats={"url": nats_url}, state_nats=True)
-        summary = run(_status(s, seeds[1]))
-        _print(summary, task.as_json)
+        progress = run(_status(s, seeds[1]))
+        _print(progress, task.as_json)
         raise typer.Exit(0)
     task.check()
     _refuse_list_flags(task)

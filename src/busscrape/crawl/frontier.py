@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import nats.js.errors
@@ -99,7 +99,7 @@ class Frontier:
 
     # -- seeds ------------------------------------------------------------------------------
 
-    async def seed(self, spec: CrawlSpec, extra: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    async def seed(self, spec: CrawlSpec, extra: Sequence[str] = ()) -> dict[str, Any]:
         """Store the crawl and queue its seeds (and ``extra`` URLs, from sitemaps) at depth 0;
         a crawl seeded before keeps its seed record (it resumes)."""
         await self.state.start(spec)

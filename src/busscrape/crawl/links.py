@@ -10,6 +10,7 @@ links of a non-HTML document (a PDF, an image, plain text) are not followed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 MAX_LINKS = 5000
 """Links kept per page (document order); a page with more is cut there (and says so)."""
@@ -46,9 +47,9 @@ class PageLinks:
         return self.content_type.split(";")[0].strip().lower() in HTML_TYPES
 
     @classmethod
-    def from_js(cls, raw: dict) -> PageLinks:
+    def from_js(cls, raw: dict[str, Any]) -> PageLinks:
         return cls(tuple(str(u) for u in raw.get("links") or ()), int(raw.get("total") or 0),
                    str(raw.get("content_type") or ""))
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"links": list(self.links), "total": self.total, "content_type": self.content_type}
