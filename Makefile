@@ -8,6 +8,7 @@ demo:
 test:
 	@scripts/bootstrap.sh test
 	@.venv/bin/ruff check src tests bench
+	@.venv/bin/mypy  # strict, on src/ ([tool.mypy] in pyproject.toml)
 	@BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra  # CI must not skip the PostgreSQL tests
 
 lint:

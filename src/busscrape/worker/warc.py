@@ -52,6 +52,7 @@ from warcio.warcwriter import WARCWriter
 
 from busscrape import __version__
 from busscrape.model import bounds
+from busscrape.worker.browser.compat import listen
 from busscrape.worker.har import CREDENTIAL_HEADERS, MASKED
 
 WARC_VERSION = "1.1"
@@ -189,7 +190,7 @@ class WarcRecorder:
             ("response", self._on_response), ("requestfinished", self._on_finished),
             ("requestfailed", self._on_failed), ("websocket", self._on_websocket)]
         for event, handler in self._listeners:
-            page.on(event, handler)
+            listen(page, event, handler)
 
     def listeners(self) -> list[tuple[str, Any]]:
         """The page listeners this recorder added (to remove when the task leaves the tab)."""
@@ -302,7 +303,7 @@ class WarcRecorder:
             record = self._writer.create_warc_record(url, "response", payload=BytesIO(body), length=len(body),
                                                      http_headers=http, warc_headers_dict=warc_headers)
             if not truncated and len(body) >= MIN_REVISIT:
-                self._seen.setdefault(digest, (url, record.rec_headers.get_header("WARC-Date")))
+                self._seen.setdefault(digest, (url, record.rec_headers.get_header("WARC-Date") or ""))
         self.counts["responses"] += 1
         req = self._request_record(request, url)
         if request.is_navigation_request() and request.frame == self._page.main_frame:
