@@ -25,6 +25,9 @@ TASK_ID_PATTERN = r"^[0-9a-f]{32}$"
 MAX_URL_PARAM = 4096  # GET /tasks?url=: a URL as given, before normalisation (which caps it at max_url_length)
 MAX_HOST_PARAM = 253  # the longest DNS name
 MAX_SINCE_PARAM = 64
+_ABSENT: Any = None
+"""The default of a request field that may be left out but never sent as null: the model types it
+without ``None`` (so the schema has no null), and pydantic leaves a default unvalidated."""
 
 
 def _optional(*names: str) -> Any:
@@ -58,12 +61,12 @@ class TaskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_optional("url", "urls", "tasks",
                                                                                        "labels", "extractor"))
 
-    url: str = Field(default=None)  # type: ignore[assignment]  # absent, never null
-    urls: list[str] = Field(default=None, min_length=1)  # type: ignore[assignment]
-    extractor: str = Field(default=None, pattern=EXTRACTOR_NAME)  # type: ignore[assignment]
+    url: str = Field(default=_ABSENT)
+    urls: list[str] = Field(default=_ABSENT, min_length=1)
+    extractor: str = Field(default=_ABSENT, pattern=EXTRACTOR_NAME)
     """The extractor every task runs (``extractors/<name>.toml``), unless a task of ``tasks`` names its own."""
-    tasks: list[TaskSpecIn] = Field(default=None, min_length=1)  # type: ignore[assignment]
-    labels: dict[str, str] = Field(default=None)  # type: ignore[assignment]
+    tasks: list[TaskSpecIn] = Field(default=_ABSENT, min_length=1)
+    labels: dict[str, str] = Field(default=_ABSENT)
     force: bool = False
 
     def items(self) -> list[dict[str, Any]]:
@@ -201,7 +204,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         schemas["TaskRequest"]["properties"][name]["maxItems"] = api.max_tasks
     schemas["TaskRequest"]["oneOf"] = [{"required": [name]} for name in ("url", "urls", "tasks")]
     auth = ["401"] if api.token is not None else []
-    secured = {"security": [{"bearer": []}]} if api.token is not None else {}
+    secured: dict[str, Any] = {"security": [{"bearer": []}]} if api.token is not None else {}
     history = _json("#/components/schemas/TaskHistory", "Every generation of the task, oldest first")
     doc: dict[str, Any] = {
         "openapi": "3.1.0",

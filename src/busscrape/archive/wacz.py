@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -105,7 +106,7 @@ async def pack(storage: Storage, folders: Iterable[str], name: str, *, prefix: s
         return Packed(key=key, pages=len(pages), size=output.stat().st_size, skipped=skipped, dangling=dangling)
 
 
-async def _fetch(storage: Storage, folder: str, path: Path) -> tuple[dict | None, str]:
+async def _fetch(storage: Storage, folder: str, path: Path) -> tuple[dict[str, Any] | None, str]:
     """The folder's pages.jsonl line (and where its WARC was written), or None and why not."""
     meta = await storage.get(join(folder, META_NAME))
     if meta is None:

@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 
 from busscrape.artifacts.files import capture_files
 from busscrape.artifacts.store import ArtifactStore, object_name
-from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.retry import TRANSIENT, transient_or
 from busscrape.errors import StorageUnavailable
 from busscrape.model.messages import ScrapeTask
 from busscrape.status.standing import objects_of, standing_results
@@ -127,5 +127,5 @@ class StrayChunks:
                 pass
             try:
                 await self.sweep()
-            except (*TRANSIENT, StorageUnavailable) as exc:  # NATS away or not answering: next pass
+            except transient_or(StorageUnavailable) as exc:  # NATS away or not answering: next pass
                 log.warning("leftovers.stray_sweep_failed", error=repr(exc))

@@ -29,7 +29,7 @@ import base64
 import contextlib
 import hashlib
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -43,7 +43,7 @@ from busscrape.bus import names
 from busscrape.bus.compat import connection_of, next_nuid
 from busscrape.bus.names import ARTIFACTS_BUCKET, ARTIFACTS_STREAM
 from busscrape.bus.publisher import Publication, Publisher, PublishFailed, resend_span
-from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.retry import TRANSIENT, transient_or
 from busscrape.bus.scan import scan, scan_config
 from busscrape.errors import ArtifactUnusable, StorageUnavailable
 from busscrape.model.messages import ArtifactRef
@@ -162,7 +162,7 @@ class ArtifactStore:
             for pub in settled:
                 if pub.error is not None:
                     raise pub.error
-        except (*TRANSIENT, PublishFailed) as exc:
+        except transient_or(PublishFailed) as exc:
             await self._discard(name, chunk_subject)
             raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc}") from None
         # Readers take chunks in stream order, and a finished meta must be the last one rolled onto
@@ -185,18 +185,18 @@ class ArtifactStore:
         if await self._purge_quietly(chunk_subject):
             await self._purge_quietly(_meta_subject(name))
 
-    async def _info(self, name: str) -> dict | None:
+    async def _info(self, name: str) -> dict[str, Any] | None:
         try:
             msg = await self._js.get_last_msg(ARTIFACTS_STREAM, _meta_subject(name))
         except nats.js.errors.NotFoundError:
             return None
-        info = orjson.loads(msg.data)
+        info = orjson.loads(msg.data or b"")  # nats-py gives an empty body as None
         return None if info.get("deleted") else info
 
     async def exists(self, ref: ArtifactRef) -> bool:
         return await self._info(ref.object) is not None
 
-    async def stream(self, ref: ArtifactRef) -> AsyncIterator[bytes]:
+    async def stream(self, ref: ArtifactRef) -> AsyncGenerator[bytes, None]:
         """Yield the object's bytes chunk by chunk; the sha256 and size are checked at the end.
 
         Chunks come by batched direct gets (a few requests per object, no consumer to create):
@@ -251,7 +251,7 @@ class ArtifactStore:
                 reason="artifact_checksum_mismatch",
             )
 
-    async def _batch(self, subject: str, seq: int, size: int, what: str) -> AsyncIterator[tuple[int, bytes]]:
+    async def _batch(self, subject: str, seq: int, size: int, what: str) -> AsyncGenerator[tuple[int, bytes], None]:
         """One batched direct get (ADR-31): up to ``size`` messages on ``subject`` from ``seq`` on,
         each passed on as it arrives, so the caller writes the first while the next ones travel."""
         inbox = self._nc.new_inbox()
@@ -302,7 +302,7 @@ class ArtifactStore:
             msg = await self._js.get_last_msg(ARTIFACTS_STREAM, _meta_subject(name))
         except nats.js.errors.NotFoundError:
             return False
-        nuid = orjson.loads(msg.data).get("nuid")
+        nuid = orjson.loads(msg.data or b"").get("nuid")
         if nuid:
             await self.purge_chunks(nuid)
         await self._js.purge_stream(ARTIFACTS_STREAM, subject=_meta_subject(name))

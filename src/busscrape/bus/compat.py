@@ -76,7 +76,8 @@ def next_nuid(nc: Client) -> str:
 
 def prefetched(sub: Any) -> asyncio.Queue[Any]:
     """Messages a pull subscription has received and not handed out (an expired fetch's)."""
-    return sub._sub._pending_queue
+    queue: asyncio.Queue[Any] = sub._sub._pending_queue
+    return queue
 
 
 def encode_headers(headers: dict[str, str]) -> str:

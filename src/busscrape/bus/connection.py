@@ -255,7 +255,8 @@ class Bus:
         # The whole first connection, refused attempts retried inside it, takes connect_timeout:
         # what the setting says, and what the message then says.
         budget = max(cfg.connect_timeout, 0.1)
-        done, _ = await asyncio.wait({attempt, first_error}, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
+        racing: set[asyncio.Future[Any]] = {attempt, first_error}
+        done, _ = await asyncio.wait(racing, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
         servers = redact_text(", ".join(opts["servers"]))
         if attempt not in done or attempt.exception() is not None:
             attempt.cancel()

@@ -242,8 +242,8 @@ class PullService(ABC):
             stopping.cancel()
         if waiting in done and not waiting.cancelled() and waiting.exception() is None:
             return True
-        if waiting in done and waiting.exception() is not None:
-            raise waiting.exception()  # type: ignore[misc]
+        if waiting in done and (error := waiting.exception()) is not None:
+            raise error
         return False
 
     async def _accompany(self, side: PullService) -> None:

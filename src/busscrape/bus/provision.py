@@ -14,9 +14,10 @@ import asyncio
 import dataclasses
 import math
 import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import nats.js.errors
 from nats.js import JetStreamContext, api
@@ -91,7 +92,7 @@ def _same(name: str, live: Any, desired: Any) -> bool:
         return math.isclose(live, desired, rel_tol=1e-6, abs_tol=1e-6)
     if name == "subjects":
         return sorted(live or []) == sorted(desired or [])
-    return live == desired
+    return bool(live == desired)
 
 
 def _diff(desired: dict[str, Any], live_config: Any) -> list[FieldChange]:
@@ -128,11 +129,11 @@ async def plan(js: JetStreamContext, definitions: list[Definition]) -> list[Chan
                 continue
             changes.append(_classify(d, _diff(d.managed, info.config), IMMUTABLE_CONSUMER))
         else:
-            info = await _live_stream(js, d.stream)
-            if info is None:
+            stream = await _live_stream(js, d.stream)
+            if stream is None:
                 changes.append(Change(d, "create"))
                 continue
-            changes.append(_classify(d, _diff(d.managed, info.config), IMMUTABLE_STREAM))
+            changes.append(_classify(d, _diff(d.managed, stream.config), IMMUTABLE_STREAM))
     return changes
 
 
@@ -201,13 +202,13 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
             await js.delete_stream(d.stream)
         change.action = "create"
     if d.kind == "consumer":
-        config = d.create
+        config = cast(api.ConsumerConfig, d.create)
         if change.action == "update":
             config = _with_desired((await js.consumer_info(d.stream, d.name)).config, d)
         await js.add_consumer(d.stream, config)
     elif change.action == "create":
         if d.kind == "kv":
-            await js.create_key_value(d.create)
+            await js.create_key_value(cast(api.KeyValueConfig, d.create))
             # What the bucket API cannot say (``topology.STREAM_ONLY``: compression) must be there
             # when the stream is made: the file store takes its compression then, and an update
             # only changes the configuration (measured: SEEN stayed uncompressed on disk). So the
@@ -217,17 +218,17 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
                 await js.delete_stream(d.stream)
                 await js.add_stream(_with_desired(live, d))
         elif d.kind == "object_store":
-            await js.create_object_store(d.name, config=d.create)
+            await js.create_object_store(d.name, config=cast(api.ObjectStoreConfig, d.create))
             # Its duplicate window (``STREAM_ONLY``), which an update can set on the empty stream.
             live = (await js.stream_info(d.stream)).config
             if _diff(d.managed, live):
                 await js.update_stream(_with_desired(live, d))
         else:
-            await js.add_stream(d.create)
+            await js.add_stream(cast(api.StreamConfig, d.create))
     else:
-        live = await js.stream_info(d.stream)
-        config, resumed = await _resuming_sources(js, live, _with_desired(live.config, d))
-        await js.update_stream(config)
+        info = await js.stream_info(d.stream)
+        updated, resumed = await _resuming_sources(js, info, _with_desired(info.config, d))
+        await js.update_stream(updated)
         if resumed:
             await drop_twice_sourced(js, d.stream, resumed)
 
@@ -252,6 +253,7 @@ async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo,
     the old form's copy. Also returned: by changed source, where the stream and the source were
     at the check (the copies can only be after it).
     """
+    stream = cast(str, live.config.name)  # nats-py's StreamConfig has it optional; a live stream's is set
     old = {s.name: s for s in live.config.sources or ()}
     sources = []
     resumed: dict[str, Resumed] = {}
@@ -262,7 +264,7 @@ async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo,
             continue
         first = (await js.stream_info(source.name)).state.last_seq
         await asyncio.sleep(QUIET)
-        infos = (await js.stream_info(live.config.name)).sources or ()
+        infos = (await js.stream_info(stream)).sources or ()
         lag = next((i.lag for i in infos if i.name == source.name), None)
         last = (await js.stream_info(source.name)).state.last_seq
         if lag != 0 or first != last:
@@ -273,7 +275,7 @@ async def _resuming_sources(js: JetStreamContext, live: api.StreamInfo,
                 "Stop dispatchers, crawls and `busscrape run`, then apply again")
         sources.append(dataclasses.replace(source, opt_start_seq=last + 1))
         transforms = source.subject_transforms or ()
-        resumed[source.name] = Resumed((await js.stream_info(live.config.name)).state.last_seq, last,
+        resumed[source.name] = Resumed((await js.stream_info(stream)).state.last_seq, last,
                                         transforms[0].dest if transforms else "")
     return (config.evolve(sources=sources) if sources else config), resumed
 
@@ -283,7 +285,7 @@ def _with_desired(live: Any, d: Definition) -> Any:
     return live.evolve(**{name: getattr(d.config, name) for name in d.managed})
 
 
-async def require(js: JetStreamContext, definitions: list[Definition], needed: set[tuple[str, str]], *,
+async def require(js: JetStreamContext, definitions: list[Definition], needed: Set[tuple[str, str]], *,
                   wait: float = 0.0) -> None:
     """Raise ``StreamsMissing`` naming every needed stream/consumer/bucket that is absent.
 
@@ -301,7 +303,7 @@ async def require(js: JetStreamContext, definitions: list[Definition], needed: s
         await asyncio.sleep(0.05)
 
 
-async def _missing(js: JetStreamContext, definitions: list[Definition], needed: set[tuple[str, str]]) -> list[str]:
+async def _missing(js: JetStreamContext, definitions: list[Definition], needed: Set[tuple[str, str]]) -> list[str]:
     missing = []
     for d in definitions:
         if (d.kind, d.name) not in needed:

@@ -73,7 +73,8 @@ MAX_BACKOFF = 5.0
 def resend_span(timeout: float, retries: int, base: float = BACKOFF, cap: float = MAX_BACKOFF) -> float:
     """The longest a publication may go on being re-sent after its first send: every attempt
     timed out and each re-send waited its longest backoff (a de-duplication window must outlast it)."""
-    return timeout * (retries + 1) + sum(min(cap, base * 2 ** (attempt - 1)) for attempt in range(1, retries + 1))
+    waits: float = sum(min(cap, base * 2 ** (attempt - 1)) for attempt in range(1, retries + 1))
+    return timeout * (retries + 1) + waits
 
 
 class PublishFailed(RetryableError):

@@ -35,6 +35,12 @@ for NATS is not one: the connection ``bus.connection`` makes raises ``PayloadToo
 (``bus.payloads``)."""
 
 
+def transient_or(*errors: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """``TRANSIENT`` and ``errors``, for one ``except`` that catches both: written as a tuple
+    display with ``*TRANSIENT`` in it, the classes are lost to mypy (python/mypy#21092's kind)."""
+    return (*errors, *TRANSIENT)
+
+
 def backoff(attempt: int, base: float, cap: float, *, at_least: float | None = None) -> float:
     """Seconds to wait after the ``attempt``-th failure (1 = the first)."""
     ceiling = min(cap, base * 2 ** min(max(attempt - 1, 0), 30))

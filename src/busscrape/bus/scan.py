@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import nats.errors
 import nats.js.errors
@@ -40,21 +40,21 @@ def scan_config(**fields: object) -> api.ConsumerConfig:
 
 
 async def scan(js: JetStreamContext, stream: str, config: api.ConsumerConfig, *, batch: int = 1000,
-               timeout: float = 10.0) -> AsyncIterator[Msg]:
+               timeout: float = 10.0) -> AsyncGenerator[Msg, None]:
     """Every message ``config`` selects, in order; raises ``ScanStalled`` when they stop coming
     before the last. Use inside ``contextlib.aclosing`` (the consumer is deleted at the end)."""
     info = await js.add_consumer(stream, config, timeout=timeout)
     sub = None
     try:
         sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
-        pending, stalls = info.num_pending, 0
+        pending, stalls = info.num_pending or 0, 0  # nats-py types it optional; the server always sends it
         while pending > 0:
             try:
                 msgs = await sub.fetch(min(batch, pending), timeout=timeout)
             except (TimeoutError, nats.errors.TimeoutError):
                 # Messages deleted under the scan leave num_pending stale: ask again.
                 stalls += 1
-                pending = (await js.consumer_info(stream, info.name)).num_pending
+                pending = (await js.consumer_info(stream, info.name)).num_pending or 0
                 if stalls >= STALLS and pending:
                     raise ScanStalled(f"scan of {stream} stalled with {pending} messages to go") from None
                 continue

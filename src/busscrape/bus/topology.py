@@ -101,9 +101,10 @@ def _definition(kind: Kind, name: str, file: Path, fields: dict[str, Any], strea
     return Definition(kind, name, file, fields, stream, managed, config, create)
 
 
-_STREAM_ENUMS = {"retention": api.RetentionPolicy, "storage": api.StorageType, "discard": api.DiscardPolicy,
-                 "compression": api.StoreCompression}
-_CONSUMER_ENUMS = {"ack_policy": api.AckPolicy, "deliver_policy": api.DeliverPolicy, "replay_policy": api.ReplayPolicy}
+_STREAM_ENUMS: dict[str, type[Enum]] = {"retention": api.RetentionPolicy, "storage": api.StorageType,
+                                        "discard": api.DiscardPolicy, "compression": api.StoreCompression}
+_CONSUMER_ENUMS: dict[str, type[Enum]] = {"ack_policy": api.AckPolicy, "deliver_policy": api.DeliverPolicy,
+                                          "replay_policy": api.ReplayPolicy}
 
 
 def _enums(fields: dict[str, Any], enums: dict[str, type[Enum]]) -> dict[str, Any]:

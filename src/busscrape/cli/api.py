@@ -40,4 +40,5 @@ async def _serve(s: Settings) -> int:
     from busscrape.bus.connection import Bus
 
     async with await Bus.connect(s, name="busscrape-api") as bus:
-        return await serve(ApiServer(bus, s))
+        code: int = await serve(ApiServer(bus, s))
+        return code

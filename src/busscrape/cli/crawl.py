@@ -79,8 +79,8 @@ def crawl_cmd(
             options.usage(f"crawl id {seeds[1]!r}: a crawl id is 16 lower-case hex characters (printed when the "
                           "crawl starts)")
         s = settings(nats={"url": nats_url}, state_nats=True)
-        summary = run(_status(s, seeds[1]))
-        _print(summary, task.as_json)
+        progress = run(_status(s, seeds[1]))
+        _print(progress, task.as_json)
         raise typer.Exit(0)
     task.check()
     _refuse_list_flags(task)

@@ -211,7 +211,7 @@ def replay_cmd(seqs: list[int] | None = SEQS, reason: list[str] = REASON, host: 
         return outcomes
 
     outcomes = run(go())
-    counts = Counter(o.action for o in outcomes)
+    counts: Counter[str] = Counter(o.action for o in outcomes)
     _summary(outcomes, counts, as_json, dry_run=dry_run)
     unreplayable = counts["skipped"] + counts["failed"] + counts["missing"]
     raise typer.Exit(EXIT_PARTIAL if unreplayable else EXIT_OK)
@@ -254,7 +254,7 @@ def purge_cmd(seqs: list[int] | None = SEQS, reason: list[str] = REASON, host: l
     if not as_json:
         for outcome in outcomes:
             _report(outcome)
-    counts = Counter(o.action for o in outcomes)
+    counts: Counter[str] = Counter(o.action for o in outcomes)
     _summary(outcomes, counts, as_json, dry_run=dry_run)
     raise typer.Exit(EXIT_PARTIAL if counts["missing"] else EXIT_OK)
 

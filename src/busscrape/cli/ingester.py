@@ -67,4 +67,5 @@ async def ingest(s: Settings, *, archive_dir: Path | None = None, lifeline: int 
         structlog.get_logger("busscrape.cli").info("ingester.archive", storage=storage.url, prefix=s.archive.prefix,
                                                    compress=s.archive.compress)
         configure_tracing("ingester")
-        return await serve(Ingester(bus, storage, s, Telemetry("ingester")), lifeline)
+        outcomes: Counter[str] = await serve(Ingester(bus, storage, s, Telemetry("ingester")), lifeline)
+        return outcomes

@@ -7,7 +7,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -69,7 +69,7 @@ def run_cmd(
                 rejects_out.write(orjson.dumps(rejection.as_dict()) + b"\n")
 
         opts = RunOptions(source=source, defaults=task.defaults(), force=task.force, with_daemons=with_daemons,
-                          fmt=task.fmt, on_rejected=rejected)  # type: ignore[arg-type]
+                          fmt=task.fmt, on_rejected=rejected)
         if workers:
             opts.workers = workers
         summary = run(execute(s, opts))
@@ -162,7 +162,7 @@ class ProgressDisplay:
             self.live.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self.live:
             self.live.__exit__(*exc)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -48,7 +48,7 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON line p
     import orjson
     from rich.table import Table
 
-    async def main() -> list[dict]:
+    async def main() -> list[dict[str, Any]]:
         async with _store(settings(state_nats=True)) as store:
             found = [await store.get(n, expired=True) for n in await store.names()]
             return [s.summary() for s in found if s is not None]
@@ -73,7 +73,7 @@ def show_cmd(name: str = typer.Argument(..., metavar="SESSION")) -> None:
     """One session as JSON: cookie names and domains, origins with storage; never a value (exit 1: none)."""
     import orjson
 
-    async def main() -> dict | None:
+    async def main() -> dict[str, Any] | None:
         async with _store(settings(state_nats=True)) as store:
             stored = await store.get(name, expired=True)
             return stored.summary() if stored is not None else None

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import nats.js.errors
@@ -101,7 +101,7 @@ class Frontier:
 
     # -- seeds ------------------------------------------------------------------------------
 
-    async def seed(self, spec: CrawlSpec, extra: list[str] = (), *,  # type: ignore[assignment]
+    async def seed(self, spec: CrawlSpec, extra: Sequence[str] = (), *,
                    sitemaps: dict[str, Any] | None = None) -> dict[str, Any]:
         """Store the crawl and queue its seeds (and ``extra`` URLs, from sitemaps, whose reading
         ``sitemaps`` describes: ``SitemapSeeds.record``) at depth 0; a crawl seeded before

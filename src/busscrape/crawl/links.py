@@ -10,6 +10,7 @@ links of a non-HTML document (a PDF, an image, plain text) are not followed.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import orjson
 
@@ -48,7 +49,7 @@ class PageLinks:
         return self.content_type.split(";")[0].strip().lower() in HTML_TYPES
 
     @classmethod
-    def from_js(cls, raw: dict) -> PageLinks:
+    def from_js(cls, raw: dict[str, Any]) -> PageLinks:
         return cls(tuple(str(u) for u in raw.get("links") or ()), int(raw.get("total") or 0),
                    str(raw.get("content_type") or ""))
 
@@ -65,5 +66,5 @@ class PageLinks:
             kept += 1
         return self
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"links": list(self.links), "total": self.total, "content_type": self.content_type}

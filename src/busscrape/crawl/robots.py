@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -99,7 +100,7 @@ class Robots:
     async def sitemaps(self, crawl_id: str, url: str) -> list[str]:
         return list((await self.rules(crawl_id, url)).sitemaps)
 
-    async def _fetch(self, origin: str) -> dict:
+    async def _fetch(self, origin: str) -> dict[str, Any]:
         """``{"status": …, "body": …}``: the rules as text ("" allows everything)."""
         url = origin + "/robots.txt"
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -229,15 +229,15 @@ class DeadLetterQueue:
             return None
         return read_entry(seq, raw.subject or "", raw.time or utcnow(), raw.data)
 
-    async def select(self, seqs: Iterable[int], flt: LetterFilter) -> AsyncIterator[tuple[int, Entry | None]]:
+    async def select(self, seqs: Iterable[int], flt: LetterFilter) -> AsyncGenerator[tuple[int, Entry | None], None]:
         """``(seq, entry)`` for each named sequence (entry ``None`` when there is no letter there)
         that passes ``flt``; without sequences, every letter ``flt`` selects, oldest first.
         Use inside ``contextlib.aclosing`` so that a scan's consumer is removed on an early exit."""
         wanted = list(seqs)
         if not wanted:
             async with contextlib.aclosing(self.scan(flt)) as entries:
-                async for entry in entries:
-                    yield entry.seq, entry
+                async for letter in entries:
+                    yield letter.seq, letter
             return
         now, found = utcnow(), 0
         for seq in wanted:
@@ -249,7 +249,7 @@ class DeadLetterQueue:
             if flt.limit is not None and found >= flt.limit:
                 return
 
-    async def scan(self, flt: LetterFilter, *, start_seq: int | None = None) -> AsyncIterator[Entry]:
+    async def scan(self, flt: LetterFilter, *, start_seq: int | None = None) -> AsyncGenerator[Entry, None]:
         """The letters ``flt`` selects, oldest first, up to the stream's last sequence at the start.
 
         ``start_seq`` starts later (``status`` reads only the newest letters). Use inside

@@ -20,7 +20,8 @@ class TaskTemplate:
         self.defaults = defaults
         sample = ScrapeTask(task_id="0" * 32, url="http://x/", original_url="http://x/", steps=defaults.steps,
                             options=defaults.options, labels=defaults.labels)
-        self._base = {k: orjson.Fragment(orjson.dumps(v)) for k, v in orjson.loads(encode(sample)).items()}
+        self._base: dict[str, object] = {k: orjson.Fragment(orjson.dumps(v))
+                                          for k, v in orjson.loads(encode(sample)).items()}
         self._key_tail = identity_tail(sample.steps, sample.options)
 
     def fits(self, spec: TaskSpec) -> bool:

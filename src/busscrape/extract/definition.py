@@ -89,7 +89,8 @@ class FieldSpec(_Strict):
 
     @property
     def expression(self) -> str:
-        return getattr(self, self.kind)
+        text: str = getattr(self, self.kind)
+        return text
 
     @model_validator(mode="after")
     def _valid(self) -> FieldSpec:

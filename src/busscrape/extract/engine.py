@@ -86,7 +86,8 @@ class Page:
     def microdata(self) -> list[Any]:
         from extruct.w3cmicrodata import MicrodataExtractor
 
-        return MicrodataExtractor().extract_items(self.selector.root, self.base_url)
+        items: list[Any] = MicrodataExtractor().extract_items(self.selector.root, self.base_url)
+        return items
 
     @cached_property
     def opengraph(self) -> dict[str, list[str]]:

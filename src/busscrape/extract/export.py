@@ -41,7 +41,7 @@ async def records(storage: Storage, extractor: str, *, since: datetime | None = 
     return rows
 
 
-async def _rows(storage: Storage, extractor: str, since: datetime | None, prefix: str) -> AsyncIterator[dict]:
+async def _rows(storage: Storage, extractor: str, since: datetime | None, prefix: str) -> AsyncIterator[dict[str, Any]]:
     keys = set(await storage.keys(prefix))
     for key in sorted(keys):
         folder, _, name = key.rpartition("/")
@@ -101,7 +101,7 @@ def write_parquet(rows: list[dict[str, Any]], path: Path, names: list[str], defi
     specs = definition.fields if definition is not None else {}
     arrays, fields = [], []
     for name in names:
-        values = [row.get(name) for row in rows]
+        values: list[Any] = [row.get(name) for row in rows]
         spec = specs.get(name)
         if spec is not None and _scalar(spec) == "decimal" and not spec.multiple:
             numbers = [Decimal(v) if v is not None else None for v in values]

@@ -148,4 +148,5 @@ class ExtractionPool:
                                     reason="extraction_crashed") from None
         if status == "error":
             raise ExtractionFailed(f"extractor {name!r} raised on this page: {value}")
-        return value
+        outcome: Outcome = value
+        return outcome

@@ -36,7 +36,7 @@ from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService, quietly
 from busscrape.bus.names import ARCHIVIST_CONSUMER, DEADLETTER_STREAM, INGESTERS_CONSUMER, RESULTS_STREAM
-from busscrape.bus.retry import TRANSIENT, patiently
+from busscrape.bus.retry import TRANSIENT, patiently, transient_or
 from busscrape.deadletters import filing
 from busscrape.errors import MessageDecodeError, PermanentError, RetryableError, StorageUnavailable, StreamsMissing
 from busscrape.ingest.archiver import Archiver
@@ -124,7 +124,7 @@ class Ingester(PullService):
         except PermanentError as exc:
             await self._dead(msg, result, exc.reason, str(exc))
             return
-        except (RetryableError, *TRANSIENT) as exc:
+        except transient_or(RetryableError) as exc:
             if self._expiring(msg):
                 # RESULTS would drop it unrecorded at its max_age: a letter keeps it (90 days), with
                 # its claim checks, and says why; the archive can take it from there once it is back.

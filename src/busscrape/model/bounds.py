@@ -10,7 +10,7 @@ fields, then the task itself) and says so in ``truncated``, keeping the task id,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from busscrape.model.messages import AttemptRecord, DeadLetter, encode
 
@@ -60,7 +60,7 @@ def fit_letter(letter: DeadLetter, limit: int) -> tuple[DeadLetter, bytes]:
     data = encode(letter)
     if len(data) <= limit:
         return letter, data
-    steps = [
+    steps: list[tuple[str, Callable[[DeadLetter], DeadLetter]]] = [
         ("texts", lambda lt: lt.model_copy(update={
             "error": cut(lt.error, 1000), "payload": cut(lt.payload, 1000) if lt.payload else lt.payload,
             "attempts": tuple(_short(a) for a in lt.attempts[-10:])})),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -25,7 +25,7 @@ from busscrape.errors import MessageDecodeError
 from busscrape.model.steps import Step, Steps, WaitUntil
 from busscrape.units import Duration
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 ArtifactKind = Literal["html", "screenshot", "har", "text", "warc"]
 DEFAULT_ARTIFACTS: tuple[ArtifactKind, ...] = ("html", "screenshot", "har", "text")

@@ -141,7 +141,7 @@ class NetworkPolicy:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         seen: dict[str, IPAddress] = {}
         for *_, sockaddr in infos:
-            addr = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+            addr = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
             seen.setdefault(str(addr), addr)
         return list(seen.values())
 

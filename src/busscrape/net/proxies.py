@@ -99,7 +99,7 @@ class Proxies:
         key = (pool, host) if rotation == "sticky_host" else (pool, session) if (
             rotation == "sticky_session" and session) else None
         if key is not None:
-            kept = self._sticky.get(key)  # type: ignore[arg-type]
+            kept = self._sticky.get(key)
             if kept is not None and kept in healthy:
                 return kept
         if rotation == "random":
@@ -109,7 +109,7 @@ class Proxies:
         if key is not None:
             if len(self._sticky) >= _MAX_STICKY:
                 self._sticky.pop(next(iter(self._sticky)))
-            self._sticky[key] = chosen  # type: ignore[index]
+            self._sticky[key] = chosen
         return chosen
 
     def report(self, upstream: Upstream, ok: bool) -> None:

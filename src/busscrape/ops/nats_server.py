@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from busscrape.errors import BinaryNotFound, ConfigurationError
 from busscrape.ops import lifeline
@@ -192,11 +193,12 @@ class EmbeddedNatsServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def jsz(self, **params: str) -> dict:
+    def jsz(self, **params: str) -> dict[str, Any]:
         """The server's ``/jsz`` monitoring document (what KEDA's scaler reads)."""
         query = "&".join(f"{k}={v}" for k, v in params.items())
         with urllib.request.urlopen(f"{self.monitor_url}/jsz?{query}", timeout=5) as resp:
-            return json.loads(resp.read())
+            doc: dict[str, Any] = json.loads(resp.read())
+            return doc
 
 
 def free_port(host: str) -> int:
@@ -210,7 +212,8 @@ def free_port(host: str) -> int:
 def _healthy(monitor_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{monitor_url}/healthz?js-enabled-only=true", timeout=1) as resp:
-            return resp.status == 200
+            status: int = resp.status
+            return status == 200
     except OSError:
         return False
 

@@ -188,7 +188,7 @@ class Overview:
 
         async def one(crawl_id: str) -> dict[str, Any]:
             entry = await self.bus.js.get_last_msg(stream, f"{prefix}{crawl_id}.spec")
-            spec = decode(CrawlSpec, entry.data)
+            spec = decode(CrawlSpec, entry.data or b"")
             pages = await self._stream_info(stream, subjects_filter=f"{prefix}{crawl_id}.page.>")
             listed = pages.get("total", len(pages["state"].get("subjects") or {}))
             followed = max(0, listed - 1)  # the seeds' record is not a page
@@ -214,7 +214,7 @@ class Overview:
                                               orjson.dumps(request) if request else b"", timeout=self.timeout)
         except nats.errors.NoRespondersError:
             raise StreamsMissing(f"JetStream does not answer on this NATS server. {MISSING_HINT}") from None
-        doc = orjson.loads(reply.data)
+        doc: dict[str, Any] = orjson.loads(reply.data)
         error = doc.get("error")
         if error and error.get("code") == 404:
             raise StreamsMissing(f"missing on the NATS server: stream {name}. {MISSING_HINT}")

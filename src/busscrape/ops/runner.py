@@ -240,7 +240,7 @@ class Runner:
             counts = tracker.counts()
             reasons = Counter(s.reason or "unknown" for s in tracker.final.values() if s.state == "dead")
             locations = sorted(s.archive for s in tracker.final.values() if s.archive)
-            earlier = Counter(s.state for s in tracker.final.values() if s.at < began)
+            earlier: Counter[str] = Counter(s.state for s in tracker.final.values() if s.at < began)
             # Daemons elsewhere archive where *they* are configured: say what their records say.
             archive = self.archive_location() if daemons is not None else archive_root(locations)
             return RunSummary(dispatch=summary, tasks=len(tracker.expected), outcomes=counts, dead_reasons=reasons,

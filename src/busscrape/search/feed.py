@@ -25,6 +25,7 @@ import zlib
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 import orjson
 import structlog
@@ -194,7 +195,7 @@ async def _page_from_meta(storage: Storage, meta_key: str, limit: int) -> Indexe
     raw = await storage.get(meta_key)
     try:
         meta = orjson.loads(raw or b"")
-        objects: Iterable[dict] = meta["objects"]
+        objects: Iterable[dict[str, Any]] = meta["objects"]
         text, extracted = "", None
         for obj in objects:
             if obj["name"] in TEXT_NAMES:

@@ -110,9 +110,8 @@ class Filter:
         if any(unicodedata.category(c) == "Cc" for c in value) or len(value) > 200:
             raise InvalidQuery(f"where {text!r}: the value holds control characters or is over 200 characters")
         try:
-            number: Decimal | None = Decimal(value)
-            if not number.is_finite():
-                number = None
+            parsed = Decimal(value)
+            number = parsed if parsed.is_finite() else None
         except InvalidOperation:
             number = None
         return cls(name, op, value, number)  # type: ignore[arg-type]

@@ -215,7 +215,8 @@ class PostgresIndex(SearchIndex):
 
 def _conditions(filters: tuple[Filter, ...], *, first: int) -> tuple[str, list[Any]]:
     """SQL and parameters (numbered from ``$first``) for the ``where`` filters."""
-    sql, params = [], []
+    sql: list[str] = []
+    params: list[Any] = []
     for f in filters:
         k, v = first + len(params), first + len(params) + 1
         if f.number is not None:

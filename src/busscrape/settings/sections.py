@@ -49,6 +49,8 @@ _URL_USERINFO = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/]*
 
 
 class _Section(BaseModel):
+    # Defaults in human form ("14d", "8GiB") are written Field("14d", validate_default=True): the
+    # validator turns them into the field's type, and that argument tells a type checker so.
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
 
 
@@ -133,34 +135,34 @@ class StreamSettings(_Section):
     """Folder of stream definitions to apply instead of the bundled ``streams/``."""
     replicas: int = Field(1, ge=1, le=5)
     """Replicas of every stream and bucket (3 on a clustered production server)."""
-    tasks_max_age: Duration = "14d"
+    tasks_max_age: Duration = Field("14d", validate_default=True)
     """How long an unprocessed task may wait in TASKS before it is discarded."""
-    duplicate_window: Duration = "10m"
+    duplicate_window: Duration = Field("10m", validate_default=True)
     """How long ``Nats-Msg-Id`` de-duplication remembers a publish (TASKS, RESULTS, DEADLETTER, ARTIFACTS)."""
-    results_max_age: Duration = "7d"
+    results_max_age: Duration = Field("7d", validate_default=True)
     """How long results stay in RESULTS (the ingester normally takes them in seconds)."""
-    results_max_bytes: Size = "8GiB"
+    results_max_bytes: Size = Field("8GiB", validate_default=True)
     """Upper bound on RESULTS size; -1 for none. Results carry references, not page bytes; what
     RESULTS holds is the ingesters' backlog (``results_keep_acked``), so this is how long an
     ingester or archive outage it absorbs (the README's operations section has the figures).
     When it is full, workers pause (back-pressure) until the ingesters catch up."""
-    results_keep_acked: Duration = "1h"
+    results_keep_acked: Duration = Field("1h", validate_default=True)
     """How long a result stays in RESULTS once every durable consumer of it has acknowledged it
     (for readers that follow the stream without one); then the ingesters purge it."""
-    deadletter_max_age: Duration = "90d"
+    deadletter_max_age: Duration = Field("90d", validate_default=True)
     """How long dead letters are kept for ``busscrape dlq``."""
-    recrawl_window: Duration = "30d"
+    recrawl_window: Duration = Field("30d", validate_default=True)
     """Longest recrawl window the SEEN bucket can hold (``--recrawl-after`` may be shorter)."""
-    artifacts_ttl: Duration = "8d"
+    artifacts_ttl: Duration = Field("8d", validate_default=True)
     """Safety-net TTL of the ARTIFACTS object store; longer than ``results_max_age``."""
-    attempts_ttl: Duration = "14d"
+    attempts_ttl: Duration = Field("14d", validate_default=True)
     """How long a task's attempt history is kept."""
-    folder_lease_ttl: Duration = Field("30s", ge=2)
+    folder_lease_ttl: Duration = Field("30s", ge=2, validate_default=True)
     """How long an ingester's lease on an archive folder lasts unrenewed (it renews it while it
     writes): what a killed ingester's folder waits before another one may write it."""
-    status_ttl: Duration = "30d"
+    status_ttl: Duration = Field("30d", validate_default=True)
     """How long the STATUS bucket remembers what happened to a task."""
-    worker_ack_wait: Duration = "60s"
+    worker_ack_wait: Duration = Field("60s", validate_default=True)
     """Redelivery delay of a task whose worker went silent (workers heartbeat well inside it)."""
     worker_max_deliver: int = Field(5, ge=1)
     """Deliveries of one task before it is dead-lettered."""
@@ -168,7 +170,7 @@ class StreamSettings(_Section):
     """Deferrals (a task nak'ed because its host was at its limit) one task may have on top of
     ``worker_max_deliver``: the consumer's own ``max_deliver`` is the sum, while the worker counts
     attempts without the deferrals."""
-    host_lease_ttl: Duration = Field("15s", ge=2)
+    host_lease_ttl: Duration = Field("15s", ge=2, validate_default=True)
     """How long a worker's hold on a host slot lasts unrenewed (it renews every third): what a
     killed worker's slot waits before the fleet may use it again."""
     worker_max_ack_pending: int = Field(20_000, ge=1)
@@ -177,9 +179,9 @@ class StreamSettings(_Section):
         """The workers consumer's ``max_deliver``: attempts plus deferrals."""
         return self.worker_max_deliver + self.worker_max_deferrals
 
-    ingester_ack_wait: Duration = "120s"
+    ingester_ack_wait: Duration = Field("120s", validate_default=True)
     """Redelivery delay of a result whose ingester went silent."""
-    max_msg_size: Size = "1MiB"
+    max_msg_size: Size = Field("1MiB", validate_default=True)
     """Largest message accepted by TASKS and RESULTS; page bytes travel in ARTIFACTS."""
     compression: Literal["s2", "none"] = "s2"
     """Store compression of TASKS, SEEN and STATUS (``s2`` or ``none``): their messages are JSON
@@ -207,12 +209,12 @@ class DispatchSettings(_Section):
     (``utm_*,ref``) or a JSON array."""
     sort_query: bool = False
     """Sort query parameters so that ``?b=1&a=2`` and ``?a=2&b=1`` are one URL."""
-    recrawl_after: Duration = "7d"
+    recrawl_after: Duration = Field("7d", validate_default=True)
     """A URL dispatched again within this window is skipped as already seen (1s up to
     ``streams.recrawl_window``, the longest the SEEN bucket keeps a key)."""
     publish_retries: int = Field(3, ge=0)
     """Retries of a publish that failed or timed out before it is counted as failed."""
-    drain_timeout: Duration = "5s"
+    drain_timeout: Duration = Field("5s", validate_default=True)
     """On SIGINT/SIGTERM, how long PubAcks still in flight are waited for (the rest: unconfirmed)."""
     sitemap_max_urls: int = Field(100_000, ge=1)
     """Seeds a crawl takes from its sitemaps (``--sitemaps``); the crawl's seed record counts
@@ -258,19 +260,19 @@ class WorkerSettings(_Section):
     """Name recorded in results and logs."""
     concurrency: int = Field(4, ge=1, le=256)
     """Browser pages rendering at once (a worker fetches only when one is free)."""
-    navigation_timeout: Duration = "30s"
+    navigation_timeout: Duration = Field("30s", validate_default=True)
     """Default navigation timeout of a task (a task may set its own)."""
-    task_timeout: Duration = "120s"
+    task_timeout: Duration = Field("120s", validate_default=True)
     """Hard limit on one task from start to result, steps included."""
-    grace_period: Duration = "30s"
+    grace_period: Duration = Field("30s", validate_default=True)
     """On the first SIGTERM, how long in-flight tasks may finish before they are handed back."""
     retry_statuses: str = "408,425,429,500-599"
     """HTTP statuses that are retried (then dead-lettered when retries run out)."""
     dead_statuses: str = "400-499"
     """HTTP statuses that dead-letter at once (unless also in ``retry_statuses``)."""
-    retry_base_delay: Duration = "2s"
+    retry_base_delay: Duration = Field("2s", validate_default=True)
     """First retry delay; doubles each attempt, with jitter, capped by ``retry_max_delay``."""
-    retry_max_delay: Duration = "5m"
+    retry_max_delay: Duration = Field("5m", validate_default=True)
     """Longest retry delay (a larger ``Retry-After`` is capped to this)."""
     isolation: Literal["tab", "context"] = "tab"
     """``tab``: each slot reuses one context and page, wiped between tasks (cookies, storage,
@@ -278,13 +280,13 @@ class WorkerSettings(_Section):
     (the README's performance section compares them)."""
     tab_max_uses: int = Field(100, ge=1)
     """Tasks one reused tab serves before it is replaced by a new one."""
-    tab_wipe_delay: Duration = "500ms"
+    tab_wipe_delay: Duration = Field("500ms", validate_default=True)
     """How long a used tab waits, its scripts paused, before it is wiped, while other tabs are
     ready and no task waits for one: Chromium's clean-up then does not compete for the CPU with
     the upload and archiving of the task just rendered. 0: wipe at once."""
     recycle_after_tasks: int = Field(500, ge=1)
     """Relaunch the browser after this many tasks, to shed leaked memory."""
-    recycle_rss: Size = "3GiB"
+    recycle_rss: Size = Field("3GiB", validate_default=True)
     """Relaunch the browser when Chromium's processes use more than this."""
     host_concurrency: int = Field(2, ge=1)
     """Pages open on one host at once across the whole worker fleet (leases in the HOSTS bucket)."""
@@ -301,19 +303,19 @@ class WorkerSettings(_Section):
     sessions_file: Path | None = None
     """The sessions file (TOML, ``[[session]]`` tables: ``name`` glob, ``login_url``, ``login_steps``,
     ``check_selector``, ``check_url``, ``ttl``): how a task's ``options.session`` logs in."""
-    host_busy_retry: Duration = Field("500ms", gt=0)
+    host_busy_retry: Duration = Field("500ms", gt=0, validate_default=True)
     """How soon a task whose host is at its ``host_concurrency`` comes back (nak'ed with this delay,
     jittered ±50%, a deferral: no attempt, no browser slot)."""
-    cool_default: Duration = Field("10s", ge=0)
+    cool_default: Duration = Field("10s", ge=0, validate_default=True)
     """How long a 429 or 503 without ``Retry-After`` cools its host for the whole fleet (0: not at all)."""
     allow_evaluate: bool = False
     """Allow the ``evaluate`` step (runs task-supplied JavaScript in the page)."""
-    max_page_bytes: Size = "32MiB"
+    max_page_bytes: Size = Field("32MiB", validate_default=True)
     """Largest page accepted (its Content-Length, then its rendered HTML); larger ones dead-letter
     with ``page_too_large``."""
-    max_har_bytes: Size = "100MB"
+    max_har_bytes: Size = Field("100MB", validate_default=True)
     """Largest HAR accepted; response bodies are dropped first, then the task fails."""
-    max_warc_bytes: Size = "100MB"
+    max_warc_bytes: Size = Field("100MB", validate_default=True)
     """Most bytes of payload (bodies, the DOM, screenshots) one page's WARC holds; what comes
     after is recorded without its body (``WARC-Truncated: length``)."""
     archive_session_cookies: Literal["masked", "kept"] = "masked"
@@ -329,7 +331,7 @@ class WorkerSettings(_Section):
     pages, stands alone); ``worker``, also one in a page this worker archived before (smaller
     WARCs, but a page's WARC replays only beside the WARC holding the original, so a WACZ of a
     subset of the pages may miss bodies)."""
-    max_warc_body_bytes: Size = "20MiB"
+    max_warc_body_bytes: Size = Field("20MiB", validate_default=True)
     """Most bytes of one response body in a WARC; a longer body is cut (``WARC-Truncated: length``)."""
     max_screenshot_height: int = Field(4096, ge=256)
     """Full-page screenshots are cut at this many CSS pixels (about five screens): a very long page
@@ -338,7 +340,7 @@ class WorkerSettings(_Section):
     """Most steps a task may carry."""
     reaper: bool = True
     """Also run the dead-delivery reaper (moves tasks that ran out of deliveries)."""
-    stray_chunk_interval: Duration = "5m"
+    stray_chunk_interval: Duration = Field("5m", validate_default=True)
     """How often this worker looks for artifact chunks that no object names any more (left by
     kills and outages; purged when seen twice in a row). Never less than 4 × ``nats.request_timeout``
     (a put's placeholder meta may be resent that long after its first chunks). 0: never (the
@@ -358,13 +360,13 @@ class ExtractSettings(_Section):
     processes: int = Field(1, ge=1, le=64)
     """Extraction processes per worker: extractors run beside the event loop, never in it, so a slow
     or crashing extractor stalls no render and kills no worker."""
-    timeout: Duration = Field("10s", gt=0)
+    timeout: Duration = Field("10s", gt=0, validate_default=True)
     """Longest one extraction may take; then its process is replaced and the task retried
     (``extraction_timeout``)."""
-    max_memory: Size = Field("1GiB", ge=64 * 1024 * 1024)
+    max_memory: Size = Field("1GiB", ge=64 * 1024 * 1024, validate_default=True)
     """Address space of one extraction process (a page that makes an extractor allocate more fails the
     extraction, not the machine)."""
-    max_record_bytes: Size = Field("256KiB", ge=1024)
+    max_record_bytes: Size = Field("256KiB", ge=1024, validate_default=True)
     """Largest extracted record (as JSON) a result carries; a larger one dead-letters the task as
     ``record_too_large`` (results must fit in RESULTS' ``max_msg_size``)."""
 
@@ -395,7 +397,7 @@ class ProxySettings(_Section):
     (tasks without a session then go in turn)."""
     bench_after: int = Field(3, ge=1)
     """Consecutive failures (the proxy unreachable, or refusing the tunnel) after which a proxy is benched."""
-    bench_for: Duration = Field("60s", gt=0)
+    bench_for: Duration = Field("60s", gt=0, validate_default=True)
     """How long a benched proxy is left out before it is tried again."""
 
     @field_serializer("pools")
@@ -425,7 +427,7 @@ class S3Settings(_Section):
     ca_file: Path | None = None
     """CA bundle (PEM) to verify the endpoint's certificate (default: the system's CAs); needs TLS
     (``secure`` or an ``https://`` endpoint)."""
-    part_size: Size = Field("16MiB", ge=5 * 2**20, le=5 * 2**30)
+    part_size: Size = Field("16MiB", ge=5 * 2**20, le=5 * 2**30, validate_default=True)
     """Objects larger than this are uploaded in parts of this size (S3 multipart; 5MiB to 5GiB).
     Each object being archived holds at most one part in memory."""
 
@@ -453,11 +455,11 @@ class IngesterSettings(_Section):
     """Results archived at once."""
     upload_concurrency: int = Field(8, ge=1, le=64)
     """Objects uploaded at once across all results."""
-    retry_base_delay: Duration = "1s"
+    retry_base_delay: Duration = Field("1s", validate_default=True)
     """First redelivery delay of a result that could not be stored; doubles per delivery, with jitter."""
-    retry_max_delay: Duration = "60s"
+    retry_max_delay: Duration = Field("60s", validate_default=True)
     """Longest redelivery delay while the storage is unreachable."""
-    grace_period: Duration = "30s"
+    grace_period: Duration = Field("30s", validate_default=True)
     """On the first SIGTERM, how long in-flight results may finish before they are handed back."""
     max_results: int | None = None
     """Exit after this many results (bounded runs and tests)."""
@@ -478,11 +480,11 @@ class SearchSettings(_Section):
     postgres_config: str = Field("simple", pattern=r"^[a-z_][a-z0-9_]*$")
     """PostgreSQL text-search configuration (``simple``: no stemming, any language; ``english`` …). It applies
     to pages indexed from then on and to every query, so choose it before the index fills."""
-    max_text_bytes: Size = Field("1MiB", ge=1024)
+    max_text_bytes: Size = Field("1MiB", ge=1024, validate_default=True)
     """How much of each page's visible text is indexed (the archive keeps all of it)."""
     queue: int = Field(1000, ge=1)
     """Pages waiting to be indexed in one ingester; when full, archiving waits for the index."""
-    timeout: Duration = "10s"
+    timeout: Duration = Field("10s", validate_default=True)
     """Longest wait for one index write or search before it counts as failed."""
 
 
@@ -495,7 +497,7 @@ class ApiSettings(_Section):
     """Port to listen on; 0 picks a free one."""
     token: SecretStr | None = None
     """Bearer token every request but ``/healthz`` and ``/openapi.json`` must carry (unset: no auth)."""
-    max_body_bytes: Size = Field("1MiB", ge=1024)
+    max_body_bytes: Size = Field("1MiB", ge=1024, validate_default=True)
     """Largest request body accepted (413 above it)."""
     max_tasks: int = Field(1000, ge=1)
     """Most tasks one ``POST /tasks`` may carry."""

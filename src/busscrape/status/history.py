@@ -86,7 +86,7 @@ def merge(task_id: str, records: list[TaskStatus], seen: ScrapeTask | None = Non
     groups: dict[datetime | None, list[HistoryEvent]] = {}
     if seen is not None:
         groups[seen.dispatched_at] = []
-    starts = sorted({r.dispatched_at for r in records if r.dispatched_at} | set(groups))
+    starts = sorted({r.dispatched_at for r in records if r.dispatched_at} | {k for k in groups if k is not None})
     for record in sorted(records, key=lambda r: r.at):
         key = record.dispatched_at
         if key is None:

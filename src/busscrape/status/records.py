@@ -34,7 +34,7 @@ from nats.js.kv import KeyValue
 from pydantic import Field
 
 from busscrape.bus.names import STATUS_BUCKET, STATUS_STREAM, kv_subject
-from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.retry import TRANSIENT, transient_or
 from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import Message, decode, encode, utcnow
 
@@ -111,7 +111,8 @@ class StatusBoard:
         entries after answering its consumer-info request, and then returns nothing at all.
         """
         stream, subject = STATUS_STREAM, kv_subject(STATUS_BUCKET, task_id)
-        records, seq = [], 1
+        records: list[TaskStatus] = []
+        seq = 1
         while True:
             try:
                 msg = await self._js.get_msg(stream, seq, subject=subject, next=True)
@@ -154,7 +155,7 @@ class Transitions:
         if self.attempt > 1 or self.resumed:  # only a redelivery can find records of this dispatch
             try:
                 found = await self.board.latest(self.task_id)
-            except (*TRANSIENT, MessageDecodeError):
+            except transient_or(MessageDecodeError):
                 found = None
             if found is not None:
                 status, after = found

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -53,12 +54,12 @@ def _redact_value(key: str, value: Any) -> Any:
 _SAFE_KEYS = {"task_key", "key", "object_key", "keys", "archive_key"}
 
 
-def redact(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
     """structlog processor: mask secrets in every field, the event name included."""
     return {k: _redact_value(k, v) for k, v in event.items()}
 
 
-def printable(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+def printable(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
     """structlog processor for the console format: escape sequences in the two fields the
     console renderer prints as they are, the event and a traceback (which quotes messages a
     page wrote), are shown, not obeyed. The others it prints with ``repr``; JSON escapes all."""

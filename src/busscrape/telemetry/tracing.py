@@ -90,8 +90,8 @@ def consuming(name: str, headers: Mapping[str, str] | None, stream: str, **attri
 
 
 @contextlib.contextmanager
-def span(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> Iterator[Span]:
-    """A child span of the current one."""
+def span(name: str, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any) -> Iterator[Span]:
+    """A child span of the current one (``kind`` positional: an attribute may be called anything)."""
     attrs = {k: v for k, v in attributes.items() if v is not None}
     with tracer.start_as_current_span(name, kind=kind, attributes=attrs) as current:
         yield current

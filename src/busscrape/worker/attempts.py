@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 from pydantic import TypeAdapter
 
 from busscrape.bus.names import ATTEMPTS_BUCKET
-from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.retry import TRANSIENT, transient_or
 from busscrape.model.messages import AttemptRecord
 
 _HISTORY = TypeAdapter(tuple[AttemptRecord, ...])
@@ -71,7 +71,7 @@ class AttemptLog:
         try:
             entry = await (await self._bucket()).get(deferrals_key(task_id, task_seq))
             return int(entry.value or b"0")
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, ValueError, *TRANSIENT):
+        except transient_or(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, ValueError):
             return 0
 
     async def defer(self, task_id: str, task_seq: int, deferrals: int) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from busscrape.artifacts.files import CONTENT_TYPES, HAR_FILE, HTML_FILE, TEXT_FILE, WARC_FILE, screenshot_file
 from busscrape.crawl.links import LINKS_JS, MAX_LINKS, PageLinks
@@ -164,7 +164,7 @@ class Capturer:
                         har_bodies_dropped=dropped, html=dom["html"] if opts.extractor else None, links=links,
                         warc_payloads=visit.warc.stored if visit.warc is not None else {})
 
-    def _texts(self, task: ScrapeTask, dom: dict) -> list[Capture]:
+    def _texts(self, task: ScrapeTask, dom: dict[str, Any]) -> list[Capture]:
         """The rendered HTML (refused over ``max_page_bytes``) and the visible text (cut there)."""
         out = []
         limit = self.settings.max_page_bytes
@@ -191,7 +191,7 @@ class Capturer:
             raise LimitExceeded(str(exc), reason="har_too_large") from None
         return Capture(HAR_FILE, "har", CONTENT_TYPES["har"], data), dropped
 
-    async def _warc(self, visit: Visit, dom: dict, captures: list[Capture]) -> Capture:
+    async def _warc(self, visit: Visit, dom: dict[str, Any], captures: list[Capture]) -> Capture:
         """The page's WARC: its traffic, then its metadata and the DOM and screenshots as resources."""
         page, task = visit.tab.page, visit.task
         url = page.url
@@ -202,6 +202,7 @@ class Capturer:
         resources += [Resource(f"urn:screenshot:{url}" if c.kind == "screenshot" else f"urn:screenshot:{c.file}:{url}",
                                c.content_type, c.data) for c in captures
                       if c.kind in ("screenshot", "extra_screenshot") and isinstance(c.data, bytes)]
+        assert visit.warc is not None  # only a task that records a WARC gets here
         spool = await visit.warc.finish({
             "task_id": task.task_id, "url": task.url, "final_url": url, "status": visit.status,
             "title": bounds.cut(dom["title"], MAX_TITLE), "timings": visit.timings, "labels": task.labels,
@@ -218,7 +219,7 @@ class Capturer:
             async with asyncio.timeout(SCREENSHOT_TIMEOUT):
                 if full_page and height is None:
                     height = await page.evaluate("() => document.documentElement.scrollHeight")
-                if not full_page or height <= viewport.height:
+                if not full_page or height is None or height <= viewport.height:
                     return await tab.screenshot(fmt=shot.format, quality=shot.quality, clip_height=None)
                 if height <= cap:
                     return await tab.screenshot(fmt=shot.format, quality=shot.quality, clip_height=height)

@@ -33,7 +33,7 @@ from busscrape.artifacts.store import ArtifactStore, object_name
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
-from busscrape.bus.retry import TRANSIENT, patiently
+from busscrape.bus.retry import TRANSIENT, patiently, transient_or
 from busscrape.errors import (
     InvalidTask,
     MessageDecodeError,
@@ -122,7 +122,8 @@ class Worker(PullService):
     # -- lifecycle --------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        egresses, self.pool = await self._stack.enter_async_context(self.browser)
+        egresses, pool = await self._stack.enter_async_context(self.browser)
+        self.pool = pool
         w = self.settings.worker
         await self._stack.enter_async_context(self.results)
         if self.extractors:
@@ -226,7 +227,7 @@ class Worker(PullService):
         try:
             await self._obey_crawl_delay(task, host)
             entered = await self.gate.enter(host)
-        except (*TRANSIENT, RetryableError) as exc:  # RetryableError: robots.txt unreachable
+        except transient_or(RetryableError) as exc:  # RetryableError: robots.txt unreachable
             log.warning("host.gate_unavailable", error=repr(exc))
             entered = Wait(self.failures.retry_delay(1), "unavailable")
         if isinstance(entered, Slot):
@@ -387,7 +388,7 @@ class Worker(PullService):
                 return False
             try:
                 await self.frontier.give_up(task, exc)
-            except (RetryableError, *TRANSIENT) as err:
+            except transient_or(RetryableError) as err:
                 await self.retry_later(msg, err, "task.links_unrecorded", reason=exc.reason)
                 return False
             return True

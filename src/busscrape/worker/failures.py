@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
-from busscrape.bus.retry import TRANSIENT, backoff
+from busscrape.bus.retry import TRANSIENT, backoff, transient_or
 from busscrape.deadletters import filing
 from busscrape.errors import BusscrapeError, MessageDecodeError, PermanentError, RetryableError, ShuttingDown
 from busscrape.model.messages import AttemptRecord, DeadLetter, ScrapeTask, utcnow
@@ -90,7 +90,7 @@ class Failures:
                     await running
                 await self.attempts.record(task.task_id, seq, self._record(story.attempt, exc))
                 await story.step("retrying", reason=exc.reason, error=str(exc))
-        except (TimeoutError, *TRANSIENT):
+        except transient_or(TimeoutError):
             log.warning("task.handed_back_unrecorded", reason=exc.reason)
             return
         log.info("task.handed_back", reason=exc.reason)

@@ -34,7 +34,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from busscrape.bus import names
-from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.retry import TRANSIENT, transient_or
 from busscrape.bus.scan import kv_latest
 from busscrape.worker.host_rules import HostRules, Limit
 from busscrape.worker.leases import Deferred, Lease, Wait, take
@@ -278,7 +278,7 @@ async def cooling_hosts(js: JetStreamContext) -> list[Cooling]:
     """Hosts cooling now, read from COOLING (for ``busscrape status``); empty when it cannot be read."""
     try:
         entries = await kv_latest(js, names.COOLING_BUCKET)
-    except (nats.js.errors.NotFoundError, *TRANSIENT):
+    except transient_or(nats.js.errors.NotFoundError):
         return []
     now = time.time()
     found = [c for key, value in entries.items() if (c := Cooling.decode(host_of(key), value)) and c.until > now]

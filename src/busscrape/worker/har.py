@@ -16,11 +16,11 @@ import base64
 import contextlib
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 import orjson
-from playwright.async_api import Page, Request, Response
+from playwright.async_api import Page, Request, ResourceTiming, Response
 
 from busscrape import __version__
 
@@ -60,7 +60,13 @@ def _iso(epoch_ms: float) -> str:
     return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _phase(timing: dict[str, float], start: str, end: str) -> float:
+TimingMark = Literal["startTime", "domainLookupStart", "domainLookupEnd", "connectStart", "secureConnectionStart",
+                     "connectEnd", "requestStart", "responseStart", "responseEnd"]
+"""The marks of ``Request.timing`` (``startTime`` in ms since the epoch, the others in ms after it, -1 when
+not reached)."""
+
+
+def _phase(timing: ResourceTiming, start: TimingMark, end: TimingMark) -> float:
     a, b = timing.get(start, -1), timing.get(end, -1)
     return round(b - a, 3) if a >= 0 and b >= 0 and b >= a else -1
 

@@ -31,7 +31,7 @@ from busscrape.artifacts.store import ArtifactStore
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.bus.consumer import PullService
-from busscrape.bus.retry import TRANSIENT
+from busscrape.bus.retry import transient_or
 from busscrape.bus.scan import remove
 from busscrape.deadletters import filing
 from busscrape.errors import MessageDecodeError, RetryableError, StorageUnavailable
@@ -68,7 +68,7 @@ class Reaper(PullService):
     async def handle(self, msg: Msg) -> None:
         try:
             await self.reap(msg)
-        except (*TRANSIENT, StorageUnavailable, MessageDecodeError) as exc:
+        except transient_or(StorageUnavailable, MessageDecodeError) as exc:
             await self.retry_later(msg, exc, "reaper.retry_later")
 
     async def reap(self, advisory: Msg) -> None:

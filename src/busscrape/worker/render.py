@@ -36,6 +36,7 @@ from busscrape.net.proxies import Proxies
 from busscrape.net.upstream import Upstream
 from busscrape.settings import WorkerSettings
 from busscrape.telemetry import tracing
+from busscrape.worker.browser.compat import listen, storage_state
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.capture import Capture, Capturer, Rendered, Visit
@@ -66,7 +67,7 @@ class _Watch:
     listeners: list[tuple[str, Any]] = field(default_factory=list)
 
     def on(self, event: str, handler: Any) -> None:
-        self.page.on(event, handler)
+        listen(self.page, event, handler)
         self.listeners.append((event, handler))
 
     def detach(self) -> None:
@@ -102,7 +103,8 @@ class Renderer:
         """Run a page chore (close an oversize page) without waiting; failures do not matter."""
         chore = asyncio.ensure_future(coro)
         self._chores.add(chore)
-        chore.add_done_callback(lambda done: (self._chores.discard(done), done.cancelled() or done.exception()))
+        chore.add_done_callback(self._chores.discard)
+        chore.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     async def render(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None = None,
                      follow: str | None = None) -> Rendered:
@@ -166,7 +168,7 @@ class Renderer:
             try:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
                 logged_in = rule is not None and not fresh
-                if logged_in:
+                if rule is not None and logged_in:
                     await self._login(tab, rule, task)
                 watch = await self._watch(tab, task)
                 try:
@@ -218,7 +220,7 @@ class Renderer:
         """Store the context's state back: cookies the task's pages set carry on."""
         assert self.sessions is not None and task.options.session is not None
         now = time.time()
-        state = await tab.context.storage_state()
+        state = await storage_state(tab.context)
         if logged_in or stored is None:
             kept = Stored(task.options.session, state, now, now + rule.ttl, proxy,
                           (stored.logins + 1) if stored is not None else 1)

@@ -78,7 +78,7 @@ async def _run(page: Page, step: Step, default_timeout: float, allow_evaluate: b
         case WaitFor(selector=str() as selector):
             await page.wait_for_selector(selector, state=step.selector_state, timeout=timeout_ms)
         case WaitFor():
-            await page.wait_for_load_state(step.state, timeout=timeout_ms)  # type: ignore[arg-type]
+            await page.wait_for_load_state(step.state, timeout=timeout_ms)
         case Click():
             await page.click(step.selector, button=step.button, timeout=timeout_ms)
         case Fill():

@@ -53,6 +53,7 @@ from warcio.warcwriter import WARCWriter
 
 from busscrape import __version__
 from busscrape.model import bounds
+from busscrape.worker.browser.compat import listen
 from busscrape.worker.har import MASKED, masked_headers, wire_headers
 
 WARC_VERSION = "1.1"
@@ -185,7 +186,7 @@ class WarcRecorder:
             ("response", self._on_response), ("requestfinished", self._on_finished),
             ("requestfailed", self._on_failed), ("websocket", self._on_websocket)]
         for event, handler in self._listeners:
-            page.on(event, handler)
+            listen(page, event, handler)
 
     def listeners(self) -> list[tuple[str, Any]]:
         """The page listeners this recorder added (to remove when the task leaves the tab)."""
@@ -303,7 +304,7 @@ class WarcRecorder:
             record = self._writer.create_warc_record(url, "response", payload=BytesIO(body), length=len(body),
                                                      http_headers=http, warc_headers_dict=warc_headers)
             if not truncated and len(body) >= MIN_REVISIT:
-                self._seen.setdefault(digest, (url, record.rec_headers.get_header("WARC-Date")))
+                self._seen.setdefault(digest, (url, record.rec_headers.get_header("WARC-Date") or ""))
         self.counts["responses"] += 1
         req = self._request_record(request, url, await wire_headers(request))
         if request.is_navigation_request() and request.frame == self._page.main_frame:

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator
+from typing import BinaryIO, cast
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp_retry import ExponentialRetry, RetryClient
-from miniopy_async import Minio
+from miniopy_async.api import Minio
 from miniopy_async.commonconfig import CopySource
 from miniopy_async.error import MinioException, S3Error
+from miniopy_async.helpers import DictType
 
 from busscrape.archive.storage.base import Storage
 from busscrape.errors import (
@@ -146,7 +148,7 @@ class S3Storage(Storage):
 
     async def _put(self, key: str, chunks: AsyncIterable[bytes], *, content_type: str,
                    content_encoding: str | None, durable: bool) -> None:
-        headers = {"Content-Encoding": content_encoding} if content_encoding else None
+        headers: DictType | None = {"Content-Encoding": content_encoding} if content_encoding else None
         reader = _Reader(chunks)
         # Read the first part before taking an upload slot: the source's latency (NATS) is then
         # not paid while holding a slot, so the slots keep the endpoint busy. An object that fits
@@ -155,8 +157,9 @@ class S3Storage(Storage):
         try:
             async with self.upload_slot:
                 await self.client.put_object(
-                    self.bucket, key, reader, length=-1, part_size=self.part_size, content_type=content_type,
-                    metadata=headers,
+                    # Typed BinaryIO, but miniopy-async awaits what read() returns when it is a coroutine.
+                    self.bucket, key, cast(BinaryIO, reader), length=-1, part_size=self.part_size,
+                    content_type=content_type, metadata=headers,
                     # One part in flight per object: memory stays at one part; concurrency comes from
                     # uploading several objects at once.
                     num_parallel_uploads=1,
@@ -174,7 +177,8 @@ class S3Storage(Storage):
         try:
             response = await self.client.get_object(self.bucket, key)
             try:
-                return await response.read()
+                body: bytes = await response.read()
+                return body
             finally:
                 response.release()
         except S3Error as exc:

@@ -110,9 +110,9 @@ def find_chromium(settings: BrowserSettings | None = None) -> ChromiumBinary | N
             if Path(path).is_file() and os.access(path, os.X_OK):
                 return ChromiumBinary(path, "system", headless_shell=True)
     for name in (HEADLESS_SHELL_NAMES if headless else ()) + SYSTEM_NAMES:
-        path = shutil.which(name)
-        if path:
-            return ChromiumBinary(path, "system", headless_shell=name in HEADLESS_SHELL_NAMES)
+        found = shutil.which(name)
+        if found:
+            return ChromiumBinary(found, "system", headless_shell=name in HEADLESS_SHELL_NAMES)
     return None
 
 
@@ -136,8 +136,9 @@ ENVIRONMENT = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "
                "FONTCONFIG_FILE")
 
 
-def launch_env() -> dict[str, str]:
-    """The environment Chromium starts with: ``ENVIRONMENT``'s variables, as this process has them."""
+def launch_env() -> dict[str, str | float | bool]:
+    """The environment Chromium starts with: ``ENVIRONMENT``'s variables, as this process has them
+    (typed as Playwright's ``launch(env=…)`` takes it)."""
     return {name: os.environ[name] for name in ENVIRONMENT if name in os.environ}
 
 

@@ -201,4 +201,5 @@ class Tab:
         """Run a small page chore without waiting for it; failures (page gone) do not matter."""
         chore = asyncio.ensure_future(awaitable)
         self._chores.add(chore)
-        chore.add_done_callback(lambda done: (self._chores.discard(done), done.cancelled() or done.exception()))
+        chore.add_done_callback(self._chores.discard)
+        chore.add_done_callback(lambda done: done.cancelled() or done.exception())
