@@ -97,3 +97,24 @@ async def test_bad_arguments_raise_configuration_error_naming_them(tmp_path, emb
         busscrape.run(["http://127.0.0.2/"], concurrency=0)
     with pytest.raises(busscrape.ConfigurationError, match=r"--output x.xlsx"):
         await busscrape.run(["http://127.0.0.2/"], output="x.xlsx")
+
+
+async def test_python_extractors_run_in_the_worker_and_their_failures_fail_only_their_task(tmp_path, site, embedded,
+                                                                                         monkeypatch):
+    pages.install(site)
+    folder = tmp_path / "extractors"
+    folder.mkdir()
+    (folder / "heading.py").write_text("def extract(page):\n    return {'title': page.css('title::text').get(), "
+                                       "'status': page.status, 'words': page.text.split()[:2]}\n")
+    (folder / "broken.py").write_text("def extract(page):\n    raise KeyError('price')\n")
+    monkeypatch.setenv("BUSSCRAPE_EXTRACT__DIR", str(folder))
+    specs = [{"url": site.url("/static"), "extractor": "heading"}, {"url": site.url("/js"), "extractor": "broken"}]
+    async with busscrape.run(specs, output=str(tmp_path / "pages.parquet"), **embedded) as run:
+        seen = {page.url: page async for page in run}
+    assert seen[site.url("/static")].extracted == {"title": "Static page", "status": 200, "words": ["Static", "Plain"]}
+    broken = seen[site.url("/js")]
+    assert broken.dead == "extraction_failed" and "KeyError: 'price'" in broken.error
+    rows = duckdb.sql(f"select url, extracted.title, extracted.words, dead_reason from '{tmp_path}/pages.parquet' "
+                      "order by url").fetchall()
+    assert rows == [(site.url("/js"), None, None, "extraction_failed"),
+                    (site.url("/static"), "Static page", ["Static", "Plain"], None)]
