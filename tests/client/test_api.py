@@ -118,3 +118,36 @@ async def test_python_extractors_run_in_the_worker_and_their_failures_fail_only_
                       "order by url").fetchall()
     assert rows == [(site.url("/js"), None, None, "extraction_failed"),
                     (site.url("/static"), "Static page", ["Static", "Plain"], None)]
+
+
+async def test_a_page_whose_worker_was_killed_mid_render_is_yielded_once(tmp_path, site, embedded, monkeypatch):
+    import asyncio
+    import signal
+
+    pages.install(site)
+    hits = []
+    rendering = asyncio.Event()
+
+    @site.route("/first-hangs")
+    async def first_hangs(_):
+        hits.append(1)
+        rendering.set()
+        if len(hits) == 1:
+            await asyncio.sleep(3600)  # the first render never ends: its worker is killed meanwhile
+        from aiohttp import web
+
+        return web.Response(text="<title>second time</title>", content_type="text/html")
+
+    monkeypatch.setenv("BUSSCRAPE_STREAMS__WORKER_ACK_WAIT", "10s")  # the redelivery after the kill
+    seen = []
+    async with busscrape.run([site.url("/first-hangs"), site.url("/static")], **embedded) as run:
+        async def kill_the_worker_once_it_renders():
+            await rendering.wait()
+            os.kill(pid_files(tmp_path / ".busscrape")["worker-1"], signal.SIGKILL)
+
+        killer = asyncio.create_task(kill_the_worker_once_it_renders())
+        async for page in run:
+            seen.append(page.url)
+        await killer
+    assert sorted(seen) == sorted([site.url("/first-hangs"), site.url("/static")])  # each once
+    assert len(hits) >= 2 and run.summary.archived == 2 and run.summary.failed_daemons == []
