@@ -29,15 +29,16 @@ class RunSession:
     def __init__(self, settings: Settings, options: RunOptions, *, progress: Progress | None = None,
                  dead: bool = True, collect: bool = True) -> None:
         self.feed = PageFeed(settings, dead=dead)
-        earlier = options.on_outcome
-        options.on_outcome = self.feed.outcome if earlier is None else lambda s: (earlier(s), self.feed.outcome(s))
-        self.runner = Runner(settings, options, progress=progress)
         self.writer: DatasetWriter | None = None
         if options.output:
             from busscrape.dataset.writer import DatasetWriter
 
             self.writer = DatasetWriter(options.output)  # a bad name or no pyarrow: before anything starts
         self.collect = collect
+        if collect or self.writer is not None:  # else no page is read back (a plain `busscrape run`)
+            earlier = options.on_outcome
+            options.on_outcome = self.feed.outcome if earlier is None else lambda s: (earlier(s), self.feed.outcome(s))
+        self.runner = Runner(settings, options, progress=progress)
         self._pages: asyncio.Queue[Page | None] = asyncio.Queue()
         self._running: asyncio.Task[RunSummary] | None = None
         self._pumping: asyncio.Task[None] | None = None
