@@ -1,6 +1,7 @@
 """busscrape — an event-driven browser-scraping bus over NATS JetStream.
 
-The public API, for the README's Python examples and anyone embedding busscrape::
+The public API: ``busscrape.run`` and ``busscrape.crawl`` (``client``: the ``run`` and ``crawl``
+commands from Python, pages as they land), and the parts for anyone wiring their own::
 
     from busscrape import Bus, Dispatcher, Ingester, Settings, Worker
 
@@ -45,6 +46,10 @@ _EXPORTS = {
     "MessageDecodeError": "busscrape.errors",
     "PermanentError": "busscrape.errors",
     "RetryableError": "busscrape.errors",
+    "run": "busscrape.client",
+    "Page": "busscrape.dataset.pages",
+    "Run": "busscrape.client",
+    "Summary": "busscrape.client.summary",
 }
 
 __all__ = [
@@ -57,22 +62,31 @@ __all__ = [
     "Dispatcher",
     "Ingester",
     "MessageDecodeError",
+    "Page",
     "PermanentError",
     "RetryableError",
+    "Run",
     "ScrapeResult",
     "ScrapeTask",
     "Settings",
+    "Summary",
     "TaskDefaults",
     "TaskOptions",
     "Worker",
     "__version__",
+    "crawl",
     "decode",
     "encode",
     "open_storage",
+    "run",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "crawl":
+        # Also the crawling subpackage's name: the package itself is callable (``crawl/__init__``),
+        # so ``busscrape.crawl(...)`` works whether or not the subpackage was imported first.
+        return importlib.import_module("busscrape.crawl")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'busscrape' has no attribute {name!r}")
@@ -88,6 +102,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from busscrape.archive.storage import open_storage
     from busscrape.bus.connection import Bus
+    from busscrape.client import Run, crawl, run
+    from busscrape.client.summary import Summary
+    from busscrape.dataset.pages import Page
     from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
     from busscrape.dispatch.inputs import TaskDefaults
     from busscrape.errors import BusscrapeError, ConfigurationError, MessageDecodeError, PermanentError, RetryableError

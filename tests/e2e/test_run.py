@@ -75,6 +75,12 @@ async def test_demo_archives_every_page_and_dead_letters_the_broken_link(tmp_pat
     assert sorted((d["reason"], d["url"].rsplit("/", 1)[1]) for d in letters) == [
         ("extraction_failed", "mystery.html"), ("http_404", "missing.html")]
     assert "price: nothing matched" in next(d["error"] for d in letters if d["reason"] == "extraction_failed")
+    # It ends with the dataset it wrote (-o): one row per page of both runs, the dead ones too.
+    dataset = tmp_path / ".busscrape" / "demo-pages.jsonl"
+    assert f"dataset: {dataset} (17 rows" in output
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    assert len(rows) == len(found) + len(letters) + len(crawled) == 17
+    assert sorted(r["dead_reason"] for r in rows if r["dead_reason"]) == ["extraction_failed", "http_404"]
 
 
 @pytest.fixture

@@ -132,6 +132,7 @@ def settings(*, state_nats: bool = False, **sections: dict[str, Any]) -> Setting
     no NATS URL, the NATS of the state dir's last embedded run is reopened for the command
     (``ops.state_dir``) and stopped when the command ends.
     """
+    from busscrape.cli.config_file import under_environment
     from busscrape.settings import Settings
     from busscrape.telemetry import logs
 
@@ -139,6 +140,7 @@ def settings(*, state_nats: bool = False, **sections: dict[str, Any]) -> Setting
         base = Settings()
     except ValueError as exc:  # pydantic's ValidationError and pydantic-settings' SettingsError both
         invalid_settings(exc)
+    base = under_environment(base)  # a --config file's settings table, under the environment
     try:
         result = base.with_overrides(**sections) if sections else base
     except ValueError as exc:
@@ -169,8 +171,10 @@ def _state_nats(s: Settings) -> Settings:
 
 def invalid_settings(exc: Exception, flags: dict[str, str] | None = None) -> NoReturn:
     """Exit 2 with what is wrong with the settings, one line per problem."""
+    from busscrape.cli import embedding
     from busscrape.settings.problems import describe
 
+    embedding.refuse("\n".join(describe(exc, flags=flags)))
     for line in describe(exc, flags=flags):
         err.print(f"[red]error:[/] {safe(line)}", soft_wrap=True)
     raise typer.Exit(EXIT_CONFIG)

@@ -63,6 +63,8 @@ def crawl_cmd(
     nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
     wacz: str | None = typer.Option(None, "--wacz", metavar="NAME",
                                     help="Then package the crawl's WARCs as wacz/NAME.wacz (see busscrape wacz)."),
+    output: str | None = options.OUTPUT,
+    config: str | None = options.CONFIG,
     *,
     task: options.TaskFlags,
 ) -> None:
@@ -112,10 +114,11 @@ def crawl_cmd(
     from busscrape.ops.runner import RunOptions
 
     opts = RunOptions(source="", defaults=task.defaults(), with_daemons=with_daemons, crawl=spec)
+    opts.output = output
     if workers:
         opts.workers = workers
     summary = run(execute(s, opts))
-    show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive,
+    show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive, stdout_taken=output == "-",
                  tables=(crawl_table(summary.crawl),) if summary.crawl is not None else ())
     said = None
     if summary.crawl is not None and not summary.interrupted and summary.failure is None:

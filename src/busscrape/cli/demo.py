@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from rich.tree import Tree
 
     from busscrape.ops.runner import RunSummary
+    from busscrape.settings import Settings
 
 
 EXPECTED_DEAD = {"/missing.html": "http_404", "/shop/mystery.html": "extraction_failed"}
@@ -58,7 +59,24 @@ def demo_cmd(
     if crawled.crawl is not None:
         out.print(crawl_table(crawled.crawl))
     out.print(how_to_look(summary, s), soft_wrap=True)
-    raise typer.Exit(_verdict(summary) or _crawl_verdict(crawled))
+    code = _verdict(summary) or _crawl_verdict(crawled)
+    _dataset(dataset_path(s).resolve())
+    raise typer.Exit(code)
+
+
+def dataset_path(s: Settings) -> Path:
+    """Where the demo writes its dataset (``-o``): both runs' pages, one row each."""
+    return s.state_dir / "demo-pages.jsonl"
+
+
+def _dataset(path: Path) -> None:
+    """The demo's last words: the dataset it wrote, and how to read it."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    out.print(f"\n[bold]dataset: {path}[/] ({len(rows)} rows, one per page; `-o FILE` on run and crawl writes one)")
+    for row in rows[:3]:
+        out.print(plain(json.dumps({k: row[k] for k in ("url", "status", "title", "extracted", "dead_reason")})),
+                  soft_wrap=True)
+    out.print(f"  duckdb -c \"select url, status, title, dead_reason from read_json_auto('{path}')\"", soft_wrap=True)
 
 
 async def _demo(s, workers: int) -> tuple[RunSummary, str, RunSummary]:  # type: ignore[no-untyped-def]
@@ -74,16 +92,18 @@ async def _demo(s, workers: int) -> tuple[RunSummary, str, RunSummary]:  # type:
                                  "network": s.network.model_copy(update={"allow": [site.origin]})})
         # The shop's product pages run the bundled demo extractor (extractors/demo-product.toml).
         s = s.with_overrides(extract={"dir": bundled_dir()})
+        dataset = dataset_path(s)
+        dataset.unlink(missing_ok=True)  # this demo's pages only
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="busscrape-demo-", delete=False) as f:
             f.write("".join(json.dumps(spec) + "\n" for spec in site.specs()))
         try:
-            summary = await execute(s, RunOptions(source=f.name, workers=workers))
+            summary = await execute(s, RunOptions(source=f.name, workers=workers, output=str(dataset)))
         finally:
             Path(f.name).unlink(missing_ok=True)
         if summary.interrupted:
             return summary, site.origin, summary
         spec = make_spec(s, [f"http://{site.origin}/"], depth=1, max_pages=CRAWL_PAGES, labels={"demo": "crawl"})
-        crawled = await execute(s, RunOptions(source="", workers=workers, crawl=spec))
+        crawled = await execute(s, RunOptions(source="", workers=workers, crawl=spec, output=str(dataset)))
         return summary, site.origin, crawled
 
 

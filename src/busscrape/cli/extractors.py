@@ -44,7 +44,7 @@ def list_cmd(folder: Path | None = DIR_OPTION) -> None:
     table = Table("name", "version", "fields", "required", "description", title=str(s.extract.dir),
                   title_justify="left")
     for name, extractor in registry.items():
-        table.add_row(name, str(extractor.version), ", ".join(extractor.fields),
+        table.add_row(name, str(extractor.version), ", ".join(extractor.fields) or "(Python: extract(page))",
                       ", ".join(extractor.required_fields()), plain(extractor.description))
     out.print(table)
     if not registry:

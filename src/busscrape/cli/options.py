@@ -125,6 +125,19 @@ TASK_OPTIONS: list[tuple[str, Any, Any]] = [
 ]
 
 
+def _config(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    from busscrape.cli.config_file import callback
+
+    return callback(ctx, param, value)
+
+
+CONFIG = typer.Option(None, "--config", metavar="FILE", is_eager=True, callback=_config,
+                      help="Options and settings from a YAML, TOML or JSON file (- for stdin); flags win.")
+OUTPUT = typer.Option(None, "--output", "-o", metavar="FILE",
+                      help="Also write one row per page to FILE (.jsonl, .csv, .parquet; - for JSONL on stdout).")
+"""``run`` and ``crawl``'s --config and -o (``cli.config_file``, ``dataset.writer``)."""
+
+
 def task_options(command: Callable[..., Any] | None = None, *,
                  hidden: tuple[str, ...] = ()) -> Any:
     """Give ``command`` every flag of ``TASK_OPTIONS``; it receives them as ``task: TaskFlags``.
@@ -176,6 +189,9 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
 
 
 def usage(message: str) -> NoReturn:
+    from busscrape.cli import embedding
+
+    embedding.refuse(message)
     err.print(f"[red]error:[/] {safe(message)}", soft_wrap=True)
     raise typer.Exit(EXIT_CONFIG)
 

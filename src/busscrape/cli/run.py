@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,8 @@ def run_cmd(
     nats_url: str | None = typer.Option(None, "--nats-url", help="Use this NATS server instead of an embedded one."),
     wacz: str | None = typer.Option(None, "--wacz", metavar="NAME",
                                     help="Then package the run's WARCs as wacz/NAME.wacz (see busscrape wacz)."),
+    output: str | None = options.OUTPUT,
+    config: str | None = options.CONFIG,
     *,
     task: options.TaskFlags,
 ) -> None:
@@ -70,19 +73,23 @@ def run_cmd(
 
         opts = RunOptions(source=source, defaults=task.defaults(), force=task.force, with_daemons=with_daemons,
                           fmt=task.fmt, on_rejected=rejected)
+        opts.output = output
         if workers:
             opts.workers = workers
         summary = run(execute(s, opts))
-    show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive)
+    show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive, stdout_taken=output == "-")
     raise typer.Exit(exit_code(summary, task.strict))
 
 
 def show_outcome(s: Settings, summary: RunSummary, *, as_json: bool, wacz: str | None, archive: Path | None,
-                 tables: tuple[object, ...] = ()) -> None:
+                 tables: tuple[object, ...] = (), stdout_taken: bool = False) -> None:
     """How ``run`` and ``crawl`` end: the run's pages packed as a WACZ when asked, then the summary
     as one JSON object (with the crawl's and the WACZ's) or as ``tables`` + the run's table and
-    where to look."""
+    where to look. With ``stdout_taken`` (``-o -``: the dataset is standard output) all of it goes
+    to standard error."""
     import orjson
+
+    console = err if stdout_taken else out
 
     if summary.failure is not None:
         err.print(f"error: {summary.failure[1]}", soft_wrap=True, markup=False, highlight=False)
@@ -97,12 +104,13 @@ def show_outcome(s: Settings, summary: RunSummary, *, as_json: bool, wacz: str |
             doc["crawl"] = summary.crawl.as_dict()
         if packed is not None:
             doc["wacz"] = {"key": packed.key, "pages": packed.pages, "bytes": packed.size}
-        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+        (sys.stderr if stdout_taken else sys.stdout).write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS).decode()
+                                                           + "\n")
         return
     for table in tables:
-        out.print(table)
-    out.print(summary_table(summary))
-    out.print(how_to_look(summary, s), soft_wrap=True)
+        console.print(table)
+    console.print(summary_table(summary))
+    console.print(how_to_look(summary, s), soft_wrap=True)
     if packed is not None:
         from busscrape.cli.wacz import report
 
@@ -125,21 +133,30 @@ def quiet_logs() -> str | None:
     return None if os.environ.get("BUSSCRAPE_TELEMETRY__LOG_LEVEL") else "warning"
 
 
-async def execute(s: Settings, opts: RunOptions) -> RunSummary:
-    """Run with live progress and Ctrl-C handling (first: stop cleanly, second: at once)."""
+def execute(s: Settings, opts: RunOptions) -> Coroutine[Any, Any, RunSummary]:
+    """Run with live progress and Ctrl-C handling (first: stop cleanly, second: at once). Called
+    by the Python API (``cli.embedding``), it hands the settings and options over instead."""
+    from busscrape.cli import embedding
+
+    embedding.hand_over(s, opts)
+    return _execute(s, opts)
+
+
+async def _execute(s: Settings, opts: RunOptions) -> RunSummary:
     import asyncio
     import signal
 
-    from busscrape.ops.runner import Runner
+    from busscrape.ops.session import RunSession
 
     display = ProgressDisplay()
-    runner = Runner(s, opts, progress=display.update)
+    session = RunSession(s, opts, progress=display.update, collect=False)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, runner.stop)
+        loop.add_signal_handler(sig, session.runner.stop)
     try:
         with display:
-            return await runner.run()
+            async with session:
+                return await session.finish()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -15,3 +15,20 @@ links became, cached robots.txt (``robots``). Modules, in the order a link meets
 ``progress``  when a crawl is done, and its summary
 ``run``       start a crawl, wait for it
 """
+
+import sys
+import types
+from typing import Any
+
+
+class _CallablePackage(types.ModuleType):
+    """``busscrape.crawl`` is both this package and the Python API's function (``client.crawl``):
+    importing a submodule makes the package an attribute of ``busscrape``, so calling it must work."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from busscrape.client import crawl
+
+        return crawl(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

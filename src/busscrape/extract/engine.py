@@ -100,8 +100,13 @@ class Page:
         return found
 
 
-def run(extractor: Extractor, html: str, url: str) -> Outcome:
-    """``extractor`` on the page ``html`` found at ``url``."""
+def run(extractor: Extractor, html: str, url: str, status: int | None = None,
+        headers: dict[str, str] | None = None) -> Outcome:
+    """``extractor`` on the page ``html`` found at ``url`` (a Python one: ``extract.python``)."""
+    if getattr(extractor, "python", None):
+        from busscrape.extract import python
+
+        return python.run(extractor, html, url, status, headers)  # type: ignore[arg-type]
     started = time.perf_counter()
     page = Page(html, url)
     outcome = Outcome(record={})

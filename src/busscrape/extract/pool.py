@@ -45,8 +45,10 @@ def _child_start(definitions: dict[str, dict[str, Any]], max_memory: int | None)
 
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_AS, (max_memory, max_memory))
+    from busscrape.extract.python import PythonExtractor
+
     for name, definition in definitions.items():
-        _EXTRACTORS[name] = Extractor.model_validate(definition)
+        _EXTRACTORS[name] = (PythonExtractor if "python" in definition else Extractor).model_validate(definition)
     from busscrape.extract import engine
 
     engine.run(Extractor.model_validate({"name": "warm-up", "version": 1, "fields": {
@@ -54,18 +56,24 @@ def _child_start(definitions: dict[str, dict[str, Any]], max_memory: int | None)
         "<html><body><p>warm</p></body></html>", "http://localhost/")
 
 
-def _child_run(name: str, html: str, url: str) -> tuple[str, Any]:
-    """In the child: ``("ok", outcome)`` or ``("error", text)``; never an exception to pickle."""
+def _child_run(name: str, html: str, url: str, status: int | None = None,
+               headers: dict[str, str] | None = None) -> tuple[str, Any]:
+    """In the child: ``("ok", outcome)``, ``("error", text)`` or ``("not_json", text)``; never an
+    exception to pickle."""
     from busscrape.extract import engine
+    from busscrape.extract.python import RecordNotJson
 
     try:
-        return "ok", engine.run(_EXTRACTORS[name], html, url)
+        return "ok", engine.run(_EXTRACTORS[name], html, url, status, headers)
+    except RecordNotJson as exc:
+        return "not_json", str(exc)[:500]
     except RecursionError:
         return "error", "RecursionError: the page is nested too deeply for the extractor"
     except MemoryError:
         return "error", "MemoryError: the extraction needed more than extract.max_memory"
-    except Exception as exc:
-        return "error", f"{type(exc).__name__}: {str(exc)[:500]}"
+    except Exception as exc:  # the last line of its traceback (a message's own last line)
+        lines = str(exc).strip().splitlines()
+        return "error", f"{type(exc).__name__}: {lines[-1][:500] if lines else ''}".rstrip(": ")
 
 
 class ExtractionPool:
@@ -126,16 +134,17 @@ class ExtractionPool:
             self._executor = None
             self.replaced += 1
 
-    async def extract(self, name: str, html: str, url: str) -> Outcome:
+    async def extract(self, name: str, html: str, url: str, status: int | None = None,
+                      headers: dict[str, str] | None = None) -> Outcome:
         """Run extractor ``name`` on the page in a child process (raises ``ExtractionFailed`` or
-        ``ExtractionStalled``)."""
+        ``ExtractionStalled``); ``status`` and ``headers`` are for Python extractors."""
         if not self._entered:
             raise RuntimeError("the ExtractionPool is not entered")
         executor = await self._ready()
-        future = asyncio.get_running_loop().run_in_executor(executor, _child_run, name, html, url)
+        future = asyncio.get_running_loop().run_in_executor(executor, _child_run, name, html, url, status, headers)
         try:
             async with asyncio.timeout(self.timeout):
-                status, value = await future
+                outcome, value = await future
         except TimeoutError:
             log.warning("extraction.timeout", extractor=name, url=url, timeout=self.timeout)
             self._replace(executor)
@@ -146,7 +155,9 @@ class ExtractionPool:
             self._replace(executor)
             raise ExtractionStalled(f"the extraction process died running {name!r}; it was replaced",
                                     reason="extraction_crashed") from None
-        if status == "error":
+        if outcome == "error":
             raise ExtractionFailed(f"extractor {name!r} raised on this page: {value}")
-        outcome: Outcome = value
-        return outcome
+        if outcome == "not_json":
+            raise ExtractionFailed(f"extractor {name!r}: {value}", reason="extraction_not_json")
+        record: Outcome = value
+        return record

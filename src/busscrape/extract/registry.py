@@ -1,4 +1,5 @@
-"""The extractors of a folder (``extractors/*.toml``), loaded and checked at start.
+"""The extractors of a folder (``extractors/*.toml`` and ``*.py``, plus the installed
+``busscrape.extractors`` entry points: ``extract.python``), loaded and checked at start.
 
 Every process that needs extractors (the worker, ``busscrape extractors``, the dispatcher's name
 check, export) loads the whole folder once: an invalid file stops the process at start with the
@@ -99,10 +100,19 @@ class Registry(Mapping[str, Extractor]):
         if not folder.is_dir():
             if folder.exists():
                 raise ExtractorInvalid(f"{folder}: the extractors folder is not a folder")
-            return cls(folder)
-        extractors, files = {}, {}
-        for path in sorted(folder.glob("*.toml")):
-            extractor = load_file(path)
+            from busscrape.extract import python
+
+            return cls(folder, dict(python.from_entry_points()))
+        from busscrape.extract import python
+
+        extractors: dict[str, Extractor] = dict(python.from_entry_points())  # a file of the same name wins
+        files = {}
+        for path in sorted([*folder.glob("*.toml"), *folder.glob("*.py")]):
+            if path.suffix == ".py" and not NAME.match(path.stem):
+                continue  # a helper module beside the extractors (_common.py)
+            if path.stem in files:
+                raise ExtractorInvalid(f"{path}: {files[path.stem]} has the same name; keep one")
+            extractor = python.from_file(path) if path.suffix == ".py" else load_file(path)
             extractors[extractor.name] = extractor
             files[extractor.name] = path
         return cls(folder, extractors, files)

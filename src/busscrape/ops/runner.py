@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from busscrape.crawl.spec import CrawlSpec
     from busscrape.dispatch.dispatcher import Dispatcher, DispatchSummary
     from busscrape.dispatch.inputs import InputFormat, Rejection, Source, TaskDefaults
+    from busscrape.status.records import TaskStatus
     from busscrape.status.tracker import Tracker
 
 # What a run needs once its daemons are spawned: the NATS client, the dispatcher, the tracker.
@@ -69,6 +70,10 @@ class RunOptions:
     """Called with each rejected input line (``--rejects`` writes them)."""
     crawl: CrawlSpec | None = None
     """Crawl from these rules instead of dispatching ``source`` (``busscrape crawl``)."""
+    on_outcome: Callable[[TaskStatus], None] | None = None
+    """Called with each task's outcome, once (``-o``, the Python API: ``dataset.pages``)."""
+    output: str | None = None
+    """``-o FILE``: where the run's dataset goes (``dataset.writer``)."""
 
 
 @dataclass
@@ -217,6 +222,8 @@ class Runner:
                 await provision.require(bus.js, definitions, names.REQUIRED)
             log.info("run.streams_applied")
             tracker = Tracker(bus.js)
+            if self.options.on_outcome is not None:
+                tracker.listeners.append(self.options.on_outcome)
             await tracker.start()
             stack.push_async_callback(tracker.stop)
             if daemons is None and self.options.with_daemons:

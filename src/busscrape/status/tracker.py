@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 
 import structlog
@@ -37,6 +38,8 @@ class Tracker:
         self._changed = asyncio.Event()
         self._watch = KvWatch(self._entry, name="status-watch")
         self._lookups: set[asyncio.Task[None]] = set()
+        self.listeners: list[Callable[[TaskStatus], None]] = []
+        """Called with each expected task's outcome, once (``dataset.pages.PageFeed``)."""
 
     # -- what to wait for -------------------------------------------------------------------
 
@@ -96,6 +99,8 @@ class Tracker:
         self.state[task_id] = status.state
         if status.state in FINAL:
             self.final[task_id] = status
+            for listener in self.listeners:
+                listener(status)
         self._changed.set()
 
     # -- progress ---------------------------------------------------------------------------

@@ -362,7 +362,8 @@ class Worker(PullService):
         assert self.extraction is not None and rendered.html is not None
         extractor = self.extractors[name]
         with tracing.span("extract", **{"busscrape.extractor": name}):
-            outcome = await self.extraction.extract(name, rendered.html, rendered.final_url)
+            outcome = await self.extraction.extract(name, rendered.html, rendered.final_url, rendered.status,
+                                                    rendered.response_headers)
         rendered.html = None  # not kept while the result is uploaded and published
         return records.extraction(extractor, outcome, max_bytes=self.settings.extract.max_record_bytes)
 
