@@ -35,7 +35,7 @@ that dead letters, metrics and ``busscrape dlq list --reason`` use.
 
 from __future__ import annotations
 
-# Exit codes, documented in the README and `busscrape --help`.
+# Exit codes, documented in docs/exit-codes.md and `busscrape --help`.
 EXIT_OK = 0
 EXIT_PARTIAL = 1  # some input rejected under --strict, some publishes failed, tasks dead-lettered
 EXIT_CONFIG = 2  # cannot connect, streams missing, bad settings

@@ -1,7 +1,7 @@
 """The ``busscrape`` command line: thin wrappers that parse flags, build settings and run a service.
 
 Each command group lives in its own module and registers itself on ``app``; ``main`` is the
-console-script entry point. Exit codes are documented in ``busscrape --help`` and the README.
+console-script entry point. Exit codes are documented in ``busscrape --help`` and docs/exit-codes.md.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 EPILOG = (
     "Exit codes: 0 ok; 1 partial or not found (rejected input under --strict, failed publishes, tasks "
     "unfinished, no such task or letter); 2 configuration or usage (bad settings or flags, unreadable input, "
-    "cannot connect, streams missing, port taken); 3 credentials refused; 130 interrupted (the README's "
-    "exit-code table has every case). Settings come from BUSSCRAPE_* variables (see `busscrape config`)."
+    "cannot connect, streams missing, port taken); 3 credentials refused; 130 interrupted (docs/exit-codes.md "
+    "has every case). Settings come from BUSSCRAPE_* variables (see `busscrape config`)."
 )
 
 # Off a terminal (a pipe, a file, a CI log) lines are as long as they are: rich would otherwise

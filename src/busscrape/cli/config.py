@@ -13,7 +13,7 @@ from busscrape.cli.app import app, out, settings
 @app.command("config")
 def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
                 markdown: bool = typer.Option(False, "--markdown", help="Print every setting with its default "
-                                              "and meaning as a Markdown table (the README's).")) -> None:
+                                              "and meaning as a Markdown table (docs/configuration.md's).")) -> None:
     """Print the effective settings (secrets masked) and where each can be set."""
     if markdown:
         from busscrape.settings.reference import reference_markdown

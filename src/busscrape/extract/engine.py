@@ -8,7 +8,7 @@ that same tree) only when a field asks for it, and each syntax once.
 A field's value is found, post-processed (``regex``), typed (``coerce``); a value that does not
 read as its type is dropped with a warning. A required field (or a required sub-field of an item)
 that ends with no value makes ``Outcome.missing`` name it with why; the worker then fails the task
-as ``extraction_failed`` (see the README's "Extraction" section for why that is a dead letter).
+as ``extraction_failed`` (see docs/extraction.md for why that is a dead letter).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The one place that decides what a missing required field does: the task fails permanently as
 ``extraction_failed``, the message naming every missing field (``price: nothing matched``), and
-no record, partial or not, is archived (the README's "Extraction" section says why).
+no record, partial or not, is archived (docs/extraction.md says why).
 """
 
 from __future__ import annotations

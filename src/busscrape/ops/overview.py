@@ -146,7 +146,7 @@ class Overview:
         return self._counters(streams, consumers)
 
     async def snapshot(self, before: Counters | None = None) -> tuple[dict[str, Any], Counters]:
-        """The status document (see the README for its keys) and the counters of this read."""
+        """The status document (docs/status.md has its keys) and the counters of this read."""
         streams, consumers, by_stage, lag, cooling, crawls = await asyncio.gather(
             self._streams(), self._consumers(), self._stage_counts(), self._jsz_lag(), cooling_hosts(self.bus.js),
             self._crawls())

@@ -1,4 +1,4 @@
-"""Every setting with its default and meaning: ``busscrape config --markdown``, the README's table."""
+"""Every setting with its default and meaning: ``busscrape config --markdown``, docs/configuration.md's table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from busscrape.settings.environment import Settings
 
 
 def reference() -> list[tuple[str, str, str]]:
-    """Every setting as (variable, default, meaning): the README's configuration table.
+    """Every setting as (variable, default, meaning): the table of docs/configuration.md.
 
     Defaults are the declared ones (not this environment's values); computed ones say so.
     """

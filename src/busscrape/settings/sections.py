@@ -1,8 +1,8 @@
 """The sections of the settings, one model each (``BUSSCRAPE_<SECTION>__<FIELD>``).
 
-Every field has a docstring: ``busscrape config`` prints it and the README's configuration table
-is made from it (``reference``). Defaults are for a small machine and the embedded default; the
-README's operations section says what to raise in production.
+Every field has a docstring: ``busscrape config`` prints it and docs/configuration.md's table is
+made from it (``reference``). Defaults are for a small machine and the embedded default;
+docs/operations.md says what to raise in production.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class StreamSettings(_Section):
     results_max_bytes: Size = Field("8GiB", validate_default=True)
     """Upper bound on RESULTS size; -1 for none. Results carry references, not page bytes; what
     RESULTS holds is the ingesters' backlog (``results_keep_acked``), so this is how long an
-    ingester or archive outage it absorbs (the README's operations section has the figures).
+    ingester or archive outage it absorbs (docs/operations.md has the figures).
     When it is full, workers pause (back-pressure) until the ingesters catch up."""
     results_keep_acked: Duration = Field("1h", validate_default=True)
     """How long a result stays in RESULTS once every durable consumer of it has acknowledged it
@@ -186,7 +186,7 @@ class StreamSettings(_Section):
     compression: Literal["s2", "none"] = "s2"
     """Store compression of TASKS, SEEN and STATUS (``s2`` or ``none``): their messages are JSON
     that repeats itself from task to task: ``s2`` took a queued task from 1,187 B (``/jsz``) to
-    328 B on disk (README: capacity planning) for a little server CPU. Set when a stream is made: a
+    328 B on disk (docs/operations.md: capacity planning) for a little server CPU. Set when a stream is made: a
     change to an existing one is applied to its configuration, but measured on nats-server 2.15
     the file store keeps writing as before (``streams apply --recreate`` an empty one)."""
 
@@ -277,7 +277,7 @@ class WorkerSettings(_Section):
     isolation: Literal["tab", "context"] = "tab"
     """``tab``: each slot reuses one context and page, wiped between tasks (cookies, storage,
     cache, history: see busscrape/worker/browser/tabs.py), the faster; ``context``: a fresh context per task
-    (the README's performance section compares them)."""
+    (docs/performance.md compares them)."""
     tab_max_uses: int = Field(100, ge=1)
     """Tasks one reused tab serves before it is replaced by a new one."""
     tab_wipe_delay: Duration = Field("500ms", validate_default=True)
@@ -299,7 +299,7 @@ class WorkerSettings(_Section):
     """A random extra gap, 0 to this, added to ``host_delay`` after each start at a host."""
     host_rules: Path | None = None
     """A politeness file (TOML, ``[[host]]`` tables of ``glob``, ``concurrency``, ``delay``, ``jitter``):
-    per-host limits by glob, the first match wins (the README's politeness section)."""
+    per-host limits by glob, the first match wins (docs/politeness.md)."""
     sessions_file: Path | None = None
     """The sessions file (TOML, ``[[session]]`` tables: ``name`` glob, ``login_url``, ``login_steps``,
     ``check_selector``, ``check_url``, ``ttl``): how a task's ``options.session`` logs in."""
@@ -335,7 +335,7 @@ class WorkerSettings(_Section):
     """Most bytes of one response body in a WARC; a longer body is cut (``WARC-Truncated: length``)."""
     max_screenshot_height: int = Field(4096, ge=256)
     """Full-page screenshots are cut at this many CSS pixels (about five screens): a very long page
-    costs no more than a page this tall (the README's performance section has the figures)."""
+    costs no more than a page this tall (docs/performance.md has the figures)."""
     max_steps: int = Field(100, ge=1)
     """Most steps a task may carry."""
     reaper: bool = True
@@ -443,7 +443,7 @@ class ArchiveSettings(_Section):
     """Store HTML, HAR and text gzip-compressed (``page.html.gz`` …, readable with zcat)."""
     gzip_level: int = Field(1, ge=1, le=9)
     """zlib level of that compression: 1 is several times faster than 6 for files about a third
-    larger (the README's performance section has the figures)."""
+    larger (docs/performance.md has the figures)."""
 
 
 class IngesterSettings(_Section):

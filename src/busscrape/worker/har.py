@@ -28,7 +28,7 @@ _TEXTUAL = ("text/", "application/json", "application/javascript", "application/
             "application/x-javascript", "application/ld+json")
 
 
-# Request headers that carry credentials: a task's own `Authorization` (how README tells users to
+# Request headers that carry credentials: a task's own `Authorization` (how docs/dispatch.md tells users to
 # log in to the pages they scrape) would otherwise sit in every HAR of the archive. Their values
 # are masked, as Chromium's DevTools does in its default ("sanitized") HAR export. Cookies are
 # the site's own state and stay, but for a session's pages (its login's token) unless
