@@ -142,7 +142,8 @@ class SessionStore:
         try:
             await (await self._bucket()).put(stored.name, stored.encode())
         except TRANSIENT as exc:
-            raise StorageUnavailable(f"cannot store session {stored.name}: {exc!r}") from None
+            raise StorageUnavailable(f"cannot store session {stored.name}: {exc!r}",
+                                     what=names.SESSIONS_BUCKET) from None
 
     async def drop(self, name: str) -> bool:
         if await self.get(name, expired=True) is None:
@@ -181,7 +182,8 @@ class Sessions:
             key = f"login.{host_token(name)}"
             revision = await take(self._hosts, key, self.holder)
         except TRANSIENT as exc:
-            raise StorageUnavailable(f"cannot take the login lease of session {name}: {exc!r}") from None
+            raise StorageUnavailable(f"cannot take the login lease of session {name}: {exc!r}",
+                                     what=names.SESSIONS_BUCKET) from None
         return None if revision is None else Lease(self._hosts, key, revision, self._ttl)
 
     def rule(self, name: str) -> SessionRule:
