@@ -199,6 +199,7 @@ async def test_a_page_that_never_finishes_times_out_retries_and_dead_letters(wbu
     await run_worker(wbus, wsettings, navigation_timeout=1.0)
     [letter] = await dead_letters(wbus.js)
     assert letter.reason == "timeout" and len(letter.attempts) == 3
+    assert letter.error.startswith("gave up after 3 attempts; last: navigation to "), letter.error
     assert all(a.reason == "timeout" and a.retryable for a in letter.attempts)
     assert len(stamps["/never"]) == 3
 

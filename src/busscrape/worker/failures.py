@@ -197,7 +197,8 @@ class Failures:
     async def _file(self, msg: Msg, story: Transitions, task: ScrapeTask, seq: int,
                     history: tuple[AttemptRecord, ...], exc: BusscrapeError, *, last: bool) -> None:
         attempt = story.attempt
-        error = str(exc) if not last else f"gave up after {len(history)} attempts; last: {exc}"
+        # The attempts that reached the page (the ledger's count), not the records that survived.
+        error = str(exc) if not last else f"gave up after {attempt} attempts; last: {exc}"
         letter = DeadLetter(task_id=task.task_id, stage="worker", reason=exc.reason, error=error[:4000],
                             url=task.url, host=filing.host_of(task.url), attempts=history, task=task,
                             source=filing.source_of(msg))
