@@ -73,10 +73,13 @@ def test_the_story_tells_what_each_delivery_did():
 # -- outages against a real server ----------------------------------------------------------------
 
 
-async def _settings(wsettings, **worker):  # noqa: F811
-    # One attempt allowed: any outage counted as an attempt would end the page.
-    return wsettings.with_overrides(streams={"worker_max_deliver": 1},
-                                    worker={"exit_when_idle": "1h", "retry_base_delay": "200ms", **worker})
+async def _settings(wbus, wsettings, **worker):  # noqa: F811
+    # One attempt allowed (the consumer's own figure, which the worker reads): any outage counted
+    # as an attempt would end the page.
+    s = wsettings.with_overrides(streams={"worker_max_deliver": 1},
+                                 worker={"exit_when_idle": "1h", "retry_base_delay": "200ms", **worker})
+    await provision.apply(wbus.js, topology.load(s))
+    return s
 
 
 async def _delivered(js) -> int:
@@ -93,7 +96,7 @@ async def test_a_gate_and_attempts_outage_spends_no_attempt_and_fetches_nothing(
     each delivery's deferral went unrecorded, so each counted as an attempt and the task was
     dead-lettered `max_deliveries`, "each delivery's worker died". Now: no attempt, no churn,
     archived once the buckets are back."""
-    s = await _settings(wsettings, concurrency=1)  # one slot: any fetch during the outage shows
+    s = await _settings(wbus, wsettings, concurrency=1)  # one slot: any fetch during the outage shows
     task = await enqueue(wbus.js, site.url("/counted"))
     await wbus.js.delete_key_value(names.HOSTS_BUCKET)
     await wbus.js.delete_key_value(names.ATTEMPTS_BUCKET)
@@ -123,7 +126,7 @@ async def _results_for(js, n: int) -> bool:
 async def test_an_object_store_outage_after_the_render_spends_no_attempt(wbus, wsettings, site, hits):  # noqa: F811
     """The issue's `/static/9`: the page rendered, its artifacts could not be stored (ARTIFACTS
     did not answer). Before: `storage_unavailable` counted as an attempt; with one allowed, dead."""
-    s = await _settings(wsettings)
+    s = await _settings(wbus, wsettings)
     await wbus.js.delete_object_store(names.ARTIFACTS_BUCKET)
     task = await enqueue(wbus.js, site.url("/counted"))
     async with Worker(wbus, s) as worker:
@@ -150,7 +153,7 @@ async def _hit(seen: list[str], n: int) -> bool:
 
 async def test_an_outage_past_its_budget_is_dead_lettered_outage_exceeded(wbus, wsettings, site,  # noqa: F811
                                                                           hits):
-    s = await _settings(wsettings, outage_budget="2s")
+    s = await _settings(wbus, wsettings, outage_budget="2s")
     await wbus.js.delete_object_store(names.ARTIFACTS_BUCKET)
     task = await enqueue(wbus.js, site.url("/counted"))
     async with Worker(wbus, s) as worker:
@@ -183,7 +186,7 @@ async def _letters(js) -> bool:
 async def test_a_ledger_read_that_fails_keeps_the_page_untouched(wbus, wsettings, site, hits):  # noqa: F811
     """A redelivery cannot read its count: it must not reach the page (one more try, never one
     fewer), and it spends nothing."""
-    s = await _settings(wsettings)
+    s = await _settings(wbus, wsettings)
     task = await enqueue(wbus.js, site.url("/counted"))
     log = AttemptLog(wbus.js)
     await log.write(task.task_id, 1, Ledger().outage(1, "HOSTS", "no responders"))
