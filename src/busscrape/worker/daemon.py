@@ -287,6 +287,7 @@ class Worker(PullService):
         if task.crawl is not None and not await self._follow_or_later(msg, task, story.attempt):
             return True
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+        await self.attempts.clear(task.task_id, seq)
         self.count("already_done")
         log.info("task.already_done", settled=story.settled, standing=len(standing or ()))
         return True
@@ -323,7 +324,8 @@ class Worker(PullService):
             finally:
                 await recorded
             # After the result stands: a page's links never outrun the page itself.
-            if task.crawl is None or await self._follow_or_later(msg, task, attempt, rendered):
+            acked = task.crawl is None or await self._follow_or_later(msg, task, attempt, rendered)
+            if acked:
                 await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         except Deferred:
             span.set_attribute("busscrape.outcome", "deferred")
@@ -355,7 +357,8 @@ class Worker(PullService):
         if self.telemetry is not None:
             self.telemetry.render_duration.record(time.perf_counter() - started)
         log.info("task.done", status=result.status, ms=result.timings.get("total"))
-        await self.attempts.clear(task.task_id, seq, history=tally.delivery > 1)
+        if acked:  # else its links come back: the next delivery must count this one (``_done_before``)
+            await self.attempts.clear(task.task_id, seq, history=tally.delivery > 1)
 
     async def _cool(self, task: ScrapeTask, exc: RetryableError) -> None:
         """A 429 or 503 cools its host for the whole fleet: for Retry-After, else ``cool_default``."""
