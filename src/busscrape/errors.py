@@ -8,7 +8,8 @@
     │   ├── PageNetworkError          DNS, connection refused/reset, TLS …
     │   ├── BrowserCrashed            the tab or the whole browser died (relaunched first)
     │   ├── RetryableStatus           429 / 5xx per policy; honours Retry-After
-    │   ├── StorageUnavailable        NATS object store or S3 not answering
+    │   ├── StorageUnavailable        NATS, a bucket, the object store or S3 not answering: an
+    │   │                             outage, which spends no attempt in the worker
     │   ├── ExtractionStalled         the extractor's process timed out or died (it is replaced)
     │   └── ShuttingDown              the worker is stopping; handed back without delay
     ├── PermanentError ............ dead-lettered at once with the reason, never retried
@@ -89,7 +90,17 @@ class RetryableStatus(RetryableError):
 
 
 class StorageUnavailable(RetryableError):
+    """Something the task needs from outside the page did not answer: NATS, a bucket, the object
+    store, S3 (no responders, a timeout, a leader election, a disconnect). An outage, not the
+    page's failure: in the worker it spends no attempt (``worker.outages``)."""
+
     reason = "storage_unavailable"
+
+    def __init__(self, message: str, *, reason: str | None = None, retry_after: float | None = None,
+                 what: str = "NATS") -> None:
+        super().__init__(message, reason=reason, retry_after=retry_after)
+        self.what = what
+        """What was unavailable: a stream or bucket name, ``S3`` or ``NATS``."""
 
 
 class ExtractionStalled(RetryableError):

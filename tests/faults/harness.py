@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
 import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class Fleet:
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ingester: subprocess.Popen[bytes] | None = None
     faults: Counter[str] = field(default_factory=Counter)
+    rng: random.Random = field(default_factory=random.Random)
+    """Every choice the faults make (which worker, how long): seeded, a schedule replays."""
 
     def env(self, nats_url: str | None = None) -> dict[str, str]:
         # The settings the test chose (retry delays, the stray-chunk sweep, RESULTS' trim …).
@@ -74,12 +77,36 @@ class Fleet:
     # -- faults -----------------------------------------------------------------------------
 
     async def kill_a_worker(self) -> None:
-        name = random.choice(sorted(self.workers))
+        name = self.rng.choice(sorted(self.workers))
         kill9(self.workers[name])
         self.faults["worker_sigkill"] += 1
         log.warning("fault.worker_killed", worker=name)
         await asyncio.sleep(0.5)
         self.start_worker(name)
+
+    async def freeze_a_worker(self, seconds: float) -> None:
+        """SIGSTOP a worker (its heartbeats stop: past ack_wait its tasks go to another), then
+        SIGCONT it: it wakes up holding deliveries that are no longer its own."""
+        name = self.rng.choice(sorted(self.workers))
+        proc = self.workers[name]
+        proc.send_signal(signal.SIGSTOP)
+        self.faults["worker_sigstop"] += 1
+        log.warning("fault.worker_frozen", worker=name, seconds=seconds)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+
+    async def restart_node(self, index: int) -> None:
+        """One step of a rolling restart (a nats-server upgrade): SIGTERM one node, start it again
+        on its store, and wait until the cluster has a meta leader every node knows."""
+        assert isinstance(self.nats, NatsCluster)
+        node = self.nats.nodes[index]
+        await asyncio.to_thread(node.stop)
+        self.faults["node_restart"] += 1
+        log.warning("fault.node_restarted", node=node.name)
+        await asyncio.to_thread(node.start)
+        await asyncio.to_thread(self.nats.wait_for_meta_leader)
 
     async def kill_nats(self, down_for: float) -> None:
         assert isinstance(self.nats, EmbeddedNatsServer)

@@ -7,18 +7,26 @@ faults=F``:
   SIGKILLs nats-server and restarts it on the same store, withholds every PubAck of a result for
   a while (a relay between workers and server: stored, never confirmed), fills RESULTS up (its
   limit down to what it holds: back-pressure), takes S3 down for 25 s, SIGKILLs the ingester;
-- **a three-node cluster**, every stream and bucket R3: nodes SIGKILLed and restarted one at a
-  time (a restarted node catches up while readers ask it), workers and the ingester killed too.
+- **a three-node cluster**, every stream and bucket R3: each node SIGKILLed and restarted in turn
+  while pages render (a restarted node catches up while readers ask it), a worker SIGSTOPped past
+  ack_wait then SIGCONTed, a worker and the ingester SIGKILLed, then a rolling restart (each node
+  SIGTERMed and started again, one at a time, as a nats-server upgrade does) with the fleet running.
+
+Each run's schedule (which node, which worker, how long) comes from a seed the test prints;
+``BUSSCRAPE_CHAOS_SEED=<seed>`` replays it.
 
 Both also publish poison messages straight into TASKS and RESULTS and leave chunks that no object
 names in ARTIFACTS. Then they count: every dispatched task archived exactly once (one folder, one
-result in RESULTS) or dead-lettered — and only the tasks designed to die (broken links) may be;
+result in RESULTS) or dead-lettered — dead is exactly the tasks designed to die (broken links),
+never a good page, whatever the outages (they cost time, never a page);
 TASKS and RESULTS empty of work; every poison message in DEADLETTER; no artifacts left.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -48,6 +56,14 @@ BROKEN = 5  # links that answer 404: the only tasks that may end dead-lettered
 WORKERS = 2
 
 Chaos = Callable[[Fleet, Bus], Awaitable[None]]
+
+
+def chaos_seed(capsys: pytest.CaptureFixture[str]) -> random.Random:
+    """The schedule's randomness: ``BUSSCRAPE_CHAOS_SEED`` or a fresh seed, printed to replay it."""
+    seed = int(os.environ.get("BUSSCRAPE_CHAOS_SEED") or random.randrange(1 << 32))
+    with capsys.disabled():
+        print(f"\n  chaos seed {seed} (replay: BUSSCRAPE_CHAOS_SEED={seed})", flush=True)
+    return random.Random(seed)
 
 
 @pytest.fixture
@@ -138,6 +154,10 @@ async def run_under_faults(tmp_path: Path, settings: Settings, fleet: Fleet, sit
                   f"{logs.count('leftovers.stray_chunks')}, results held for room: {logs.count('result.held')}, "
                   f"{time.monotonic() - started:.0f}s)")
 
+        outages = logs.count("task.outage")
+        with capsys.disabled():
+            print(f"  deliveries lost to outages (no attempt spent): {outages}, worker pauses for an "
+                  f"unavailable bus: {logs.count('bus_unavailable')}")
         assert report.lost == set()
         assert report.unexpected_dead(may_die) == {}, "a task that should have been archived was dead-lettered"
         assert set(report.dead) & dispatched == may_die
@@ -159,6 +179,7 @@ def _task_ids(settings: Settings, lines: list[str]) -> set[str]:
 
 
 async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
+    rng = chaos_seed(capsys)
     nats = EmbeddedNatsServer(tmp_path / "nats").start()
     settings = fault_settings(tmp_path, nats.url, fault_site, s3)
 
@@ -182,7 +203,7 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
         await fleet.kill_a_worker()
 
     async with Relay(nats.port or 0) as relay:
-        fleet = Fleet(tmp_path, settings, nats, s3, relay=relay)
+        fleet = Fleet(tmp_path, settings, nats, s3, relay=relay, rng=rng)
         try:
             await run_under_faults(tmp_path, settings, fleet, fault_site, chaos, capsys)
         finally:
@@ -191,23 +212,31 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
 
 
 async def test_nothing_is_lost_on_a_cluster_under_faults(tmp_path, s3, fault_site, capsys):
+    """The issue-34 schedule, strict: outages on a cluster end no good page."""
+    rng = chaos_seed(capsys)
     cluster = NatsCluster(tmp_path / "cluster")
     await asyncio.to_thread(cluster.start)
     settings = fault_settings(tmp_path, cluster.url, fault_site, s3, replicas=3)
+    ack_wait = settings.streams.worker_ack_wait
 
     async def chaos(fleet: Fleet, bus: Bus) -> None:
-        await asyncio.sleep(3)
-        for node in range(3):  # each node in turn: down for a while, back, catching up under load
-            await fleet.kill_node(node, down_for=4)
-            await asyncio.sleep(2)
-            await fleet.kill_a_worker()
-            await asyncio.sleep(4)
-        await fleet.kill_ingester()
-        await asyncio.sleep(3)
-        await fleet.kill_node(1, down_for=2)
-        await fleet.kill_a_worker()
+        await asyncio.sleep(rng.uniform(2, 4))
+        for turn, node in enumerate(rng.sample(range(3), 3)):  # each node in turn, while pages render
+            await fleet.kill_node(node, down_for=rng.uniform(2, 6))
+            await asyncio.sleep(rng.uniform(1, 3))
+            if turn == 0:
+                await fleet.freeze_a_worker(ack_wait + rng.uniform(2, 4))  # past ack_wait, then back
+            elif turn == 1:
+                await fleet.kill_a_worker()
+            else:
+                await fleet.kill_ingester()
+            await asyncio.sleep(rng.uniform(1, 3))
+        # A rolling restart (a nats-server upgrade): one node at a time, the fleet running.
+        for node in rng.sample(range(3), 3):
+            await fleet.restart_node(node)
+            await asyncio.sleep(rng.uniform(1, 3))
 
-    fleet = Fleet(tmp_path, settings, cluster, s3)
+    fleet = Fleet(tmp_path, settings, cluster, s3, rng=rng)
     try:
         await run_under_faults(tmp_path, settings, fleet, fault_site, chaos, capsys)
     finally:

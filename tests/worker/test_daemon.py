@@ -177,7 +177,7 @@ async def test_retry_after_is_honoured(wbus, wsettings, site, stamps):
 def test_the_workers_backoff_doubles_from_its_base_with_jitter_up_to_its_cap(wsettings):
     from busscrape.worker.failures import Failures
 
-    failures = Failures(None, wsettings, None, None, lambda _: None)  # retry_base_delay 200ms, max 1s
+    failures = Failures(None, wsettings, None, None, None, lambda _: None)  # retry_base_delay 200ms, max 1s
     for attempt, low, high in [(1, 0.1, 0.2), (2, 0.2, 0.4), (3, 0.4, 0.8), (4, 0.5, 1.0), (50, 0.5, 1.0)]:
         delays = [failures.retry_delay(attempt) for _ in range(50)]
         assert all(low <= d <= high for d in delays) and len(set(delays)) > 1, (attempt, min(delays), max(delays))
@@ -199,6 +199,7 @@ async def test_a_page_that_never_finishes_times_out_retries_and_dead_letters(wbu
     await run_worker(wbus, wsettings, navigation_timeout=1.0)
     [letter] = await dead_letters(wbus.js)
     assert letter.reason == "timeout" and len(letter.attempts) == 3
+    assert letter.error.startswith("gave up after 3 attempts; last: navigation to "), letter.error
     assert all(a.reason == "timeout" and a.retryable for a in letter.attempts)
     assert len(stamps["/never"]) == 3
 

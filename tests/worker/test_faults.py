@@ -82,7 +82,8 @@ async def test_a_worker_killed_on_the_last_delivery_is_reaped_into_deadletter(
     reaper_host = await run_worker(bus, fast_redelivery, exit_when_idle=8)
     [letter] = await dead_letters(bus.js)
     assert letter.stage == "reaper" and letter.task_id == task.task_id and letter.task == task
-    assert "delivered 2 times" in letter.error
+    assert letter.reason == "max_deliveries"
+    assert "2 deliveries, 2 of them reached the page; 2 ended without an outcome (the worker died" in letter.error
     assert await count(bus.js, names.TASKS_STREAM) == 0
     assert await results(bus.js) == []
     assert reaper_host.counters.get("completed", 0) == 0

@@ -388,6 +388,10 @@ async def test_killed_on_every_attempt_the_worker_files_the_letter_despite_the_d
         await worker.run()
     [letter] = await dead_letters(bus.js)
     assert letter.stage == "worker" and letter.reason == "max_deliveries" and letter.task_id == task.task_id
+    # What happened, not "each delivery's worker died" as a guess: both attempts reached the page.
+    assert letter.error.startswith("2 attempts reached the page, none with its outcome recorded (max_deliver 2): "
+                                   "2 deliveries, 2 of them reached the page; 2 ended without an outcome (the "
+                                   "worker died or went silent mid-attempt)"), letter.error
     assert worker.counters.get("completed", 0) == 0 and len(stamps["/slow"]) == 2
 
 

@@ -115,7 +115,7 @@ class ArtifactStore:
             if ref is not None:
                 return ref
         raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: its messages landed "
-                                 f"out of order {_LAYOUT_TRIES} times")
+                                 f"out of order {_LAYOUT_TRIES} times", what=ARTIFACTS_BUCKET)
 
     async def _put_once(self, name: str, data: bytes | IO[bytes], content_type: str, *, kind: str,
                         file: str) -> ArtifactRef | None:
@@ -164,7 +164,8 @@ class ArtifactStore:
                     raise pub.error
         except transient_or(PublishFailed) as exc:
             await self._discard(name, chunk_subject)
-            raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc}") from None
+            raise StorageUnavailable(f"cannot store artifact {name} in {ARTIFACTS_BUCKET}: {exc}",
+                                     what=ARTIFACTS_BUCKET) from None
         # Readers take chunks in stream order, and a finished meta must be the last one rolled onto
         # the name. Pipelined messages can land out of send order: one lost on the way (a reconnect,
         # a stream leader going down) is re-sent after the ones behind it have landed. A re-send

@@ -93,6 +93,17 @@ REQUIRED: frozenset[Need] = (
     WORKER_NEEDS | INGESTER_NEEDS | DISPATCH_NEEDS | HISTORY_NEEDS | DLQ_REPLAY_NEEDS)
 """Everything busscrape relies on: a definitions folder must declare all of it."""
 
+
+def stream_behind(name: str) -> str | None:
+    """The stream that serves ``name`` (a stream, a key-value bucket, an object store), or None
+    when busscrape has none by that name (``NATS``, ``S3``)."""
+    kinds = {kind for kind, what in REQUIRED | {("kv", CRAWLS_BUCKET)} if what == name}
+    if "object_store" in kinds:
+        return object_stream(name)
+    if "kv" in kinds:
+        return kv_stream(name)
+    return name if "stream" in kinds else None
+
 # -- subjects -------------------------------------------------------------------------------
 
 JS_API = "$JS.API"  # JetStream's API prefix (no domains here); for requests nats-py does not wrap

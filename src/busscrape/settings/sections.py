@@ -167,9 +167,9 @@ class StreamSettings(_Section):
     worker_max_deliver: int = Field(5, ge=1)
     """Deliveries of one task before it is dead-lettered."""
     worker_max_deferrals: int = Field(100_000, ge=0)
-    """Deferrals (a task nak'ed because its host was at its limit) one task may have on top of
-    ``worker_max_deliver``: the consumer's own ``max_deliver`` is the sum, while the worker counts
-    attempts without the deferrals."""
+    """Deliveries that do not reach the page (a task deferred because its host was at its limit,
+    or one that met an outage) one task may have on top of ``worker_max_deliver``: the consumer's
+    own ``max_deliver`` is the sum, while the worker counts only the attempts that reached the page."""
     host_lease_ttl: Duration = Field("15s", ge=2, validate_default=True)
     """How long a worker's hold on a host slot lasts unrenewed (it renews every third): what a
     killed worker's slot waits before the fleet may use it again."""
@@ -274,6 +274,11 @@ class WorkerSettings(_Section):
     """First retry delay; doubles each attempt, with jitter, capped by ``retry_max_delay``."""
     retry_max_delay: Duration = Field("5m", validate_default=True)
     """Longest retry delay (a larger ``Retry-After`` is capped to this)."""
+    outage_budget: Duration = Field("6h", gt=0)
+    """How long one task may keep meeting an outage (NATS, a bucket, the object store or S3 not
+    answering), from the first delivery that met one, before it is dead-lettered
+    ``outage_exceeded``. Outages spend no attempt; this is what keeps a task from waiting for
+    ever. Keep it well under ``streams.tasks_max_age``."""
     isolation: Literal["tab", "context"] = "tab"
     """``tab``: each slot reuses one context and page, wiped between tasks (cookies, storage,
     cache, history: see busscrape/worker/browser/tabs.py), the faster; ``context``: a fresh context per task

@@ -9,9 +9,11 @@ the task. So a worker killed at any point leaves either no result (the task is r
 exactly one (the redelivery finds it and acks).
 
 Failures follow the error tree (``failures``): retryable ones are recorded in ATTEMPTS and
-nak'ed with backoff; on the last allowed delivery, and for permanent errors at once, the task
-goes to DEADLETTER with its whole attempt history. A full RESULTS is neither: the worker stops
-fetching and holds what it rendered until there is room (``backpressure``).
+nak'ed with backoff; on the last allowed attempt, and for permanent errors at once, the task
+goes to DEADLETTER with its whole attempt history. An attempt is a delivery that reached the
+page (``attempts``: marked before navigating). A full RESULTS is neither: the worker stops
+fetching and holds what it rendered until there is room (``backpressure``); nor is anything on
+the bus unavailable (an outage: no attempt spent, the worker stops fetching until it answers).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from busscrape.status.records import StatusBoard, Transitions
 from busscrape.status.standing import objects_of, standing_results
 from busscrape.telemetry import tracing
 from busscrape.telemetry.metrics import Telemetry
-from busscrape.worker.attempts import AttemptLog
+from busscrape.worker.attempts import AttemptLog, Ledger, Tally
 from busscrape.worker.backpressure import ResultsRoom
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.capture import Rendered
@@ -98,7 +100,7 @@ class Worker(PullService):
         self.results = ResultPublisher(bus, self.artifacts, self.room, self.counters,
                                        timeout=settings.nats.request_timeout,
                                        max_msg_size=settings.streams.max_msg_size)
-        self.failures = Failures(bus, settings, self.attempts, self.results, self.count, telemetry)
+        self.failures = Failures(bus, settings, self.attempts, self.results, self.room, self.count, telemetry)
         self._stack = AsyncExitStack()
         # Read here: a bad proxy pool or route stops the worker at start.
         self.proxies = Proxies(settings.proxy)
@@ -171,8 +173,9 @@ class Worker(PullService):
         return tasks
 
     def paused(self) -> bool:
-        """No new task while RESULTS is full: it could not take the result (back-pressure)."""
-        return self.room.full
+        """No new task while RESULTS is full (it could not take the result), nor while the bus
+        is unavailable (the task could not reach its page): back-pressure."""
+        return self.room.closed
 
     async def before_fetch(self) -> None:
         await self.room.wait()
@@ -192,47 +195,69 @@ class Worker(PullService):
             await self.failures.poison(msg, exc)
             return
         seq, delivered = msg.metadata.sequence.stream, msg.metadata.num_delivered
-        deferrals = await self.attempts.deferrals(task.task_id, seq) if delivered > 1 else 0
-        attempt = max(delivered - deferrals, 1)
+        tally = Tally(task.task_id, seq, delivered, Ledger() if delivered == 1 else None)
+        if tally.ledger is None:
+            try:
+                tally.ledger = await self.attempts.ledger(task.task_id, seq)
+            except StorageUnavailable as exc:  # without its count, the task must not reach the page
+                self.handed_on(await self.failures.outage(msg, None, task, tally, exc))
+                return
+        ledger, attempt = tally.ledger, tally.attempt
         with structlog.contextvars.bound_contextvars(task_id=task.task_id, url=task.url, attempt=attempt,
                                                      trace_id=tracing.trace_id_of(headers)), \
                 tracing.consuming("render task", headers, self.stream, **{
                     "busscrape.task_id": task.task_id, "url.full": task.url,
                     "messaging.message.delivery_count": attempt}) as span:
             story = Transitions(self.board, task_id=task.task_id, url=task.url, dispatched_at=task.dispatched_at,
-                                attempt=attempt, worker=self.settings.worker.name, resumed=deferrals > 0)
-            if attempt > 1 and await self._done_before(msg, task, story):
+                                attempt=attempt, worker=self.settings.worker.name, resumed=delivered > attempt)
+            if (attempt > 1 or ledger.outages) and await self._done_before(msg, task, story):
                 return
             if 0 < self.failures.max_deliver < attempt:
-                await self.failures.exhausted(msg, story, task, seq)
+                await self.failures.exhausted(msg, story, task, tally)
                 return
-            slot = await self._enter_host(msg, task, seq, deferrals)
+            if ledger.outage_seconds() > self.settings.worker.outage_budget:
+                await self.failures.outage_exceeded(msg, story, task, tally)
+                return
+            try:
+                slot = await self._enter_host(msg, task)
+            except StorageUnavailable as exc:
+                self.handed_on(await self.failures.outage(msg, story, task, tally, exc))
+                return
             if slot is None:
                 return
             try:
-                await self._work(msg, task, story, span, slot, clear=attempt > 1 or deferrals > 0)
+                await self._work(msg, task, story, span, slot, tally)
             except Deferred as deferred:
                 await slot.release()
-                await self._defer(msg, task, seq, deferrals, deferred.wait)
+                if tally.counted and tally.ledger is not None:  # marked, then deferred: no attempt
+                    await self.failures.rewrite(tally, tally.ledger.withdraw(tally.delivery))
+                await self._defer(msg, deferred.wait)
             finally:
                 await slot.release()
 
-    async def _enter_host(self, msg: Msg, task: ScrapeTask, seq: int, deferrals: int) -> Slot | Unlimited | None:
+    async def _enter_host(self, msg: Msg, task: ScrapeTask) -> Slot | Unlimited | None:
         """The host's slot and start (``fleet_gate``), or None when the task was deferred: nak'ed
-        for when the host may take it, the deferral counted so it spends no attempt. The task
-        holds no browser or worker slot meanwhile, and this worker goes on with other tasks."""
+        for when the host may take it, spending no attempt (it did not reach the page). The task
+        holds no browser or worker slot meanwhile, and this worker goes on with other tasks.
+        ``StorageUnavailable`` when HOSTS (or CRAWLS) did not answer: an outage."""
         if not self.settings.worker.fleet_politeness:
             return Unlimited()
         host = urlsplit(task.url).hostname or ""
         try:
             await self._obey_crawl_delay(task, host)
             entered = await self.gate.enter(host)
-        except transient_or(RetryableError) as exc:  # RetryableError: robots.txt unreachable
+        except StorageUnavailable:
+            raise
+        except TRANSIENT as exc:
             log.warning("host.gate_unavailable", error=repr(exc))
-            entered = Wait(self.failures.retry_delay(1), "unavailable")
+            raise StorageUnavailable(f"cannot take a slot on {host} in {names.HOSTS_BUCKET}: {exc!r}",
+                                     what=names.HOSTS_BUCKET) from None
+        except RetryableError as exc:  # robots.txt unreachable: the host's, not the page's, so a deferral
+            log.warning("host.robots_unavailable", error=repr(exc))
+            entered = Wait(self.failures.retry_delay(1), "robots_unavailable")
         if isinstance(entered, Slot):
             return entered
-        await self._defer(msg, task, seq, deferrals, entered)
+        await self._defer(msg, entered)
         return None
 
     async def _obey_crawl_delay(self, task: ScrapeTask, host: str) -> None:
@@ -241,9 +266,7 @@ class Worker(PullService):
         if task.crawl is not None and (delay := await self.frontier.crawl_delay(task)):
             self.gate.rules.raise_delay(host, delay)
 
-    async def _defer(self, msg: Msg, task: ScrapeTask, seq: int, deferrals: int, wait: Wait) -> None:
-        if not await self.attempts.defer(task.task_id, seq, deferrals):
-            wait = Wait(max(wait.seconds, 1.0), wait.why)  # not counted: it spends an attempt
+    async def _defer(self, msg: Msg, wait: Wait) -> None:
         self.count("deferred")
         self.handed_on(wait.seconds)  # not a task taken; not idle before it is due back
         log.debug("task.deferred", why=wait.why, seconds=round(wait.seconds, 3))
@@ -265,15 +288,16 @@ class Worker(PullService):
         if task.crawl is not None and not await self._follow_or_later(msg, task, story.attempt):
             return True
         await msg.ack_sync(timeout=self.settings.nats.request_timeout)
+        await self.attempts.clear(task.task_id, seq)
         self.count("already_done")
         log.info("task.already_done", settled=story.settled, standing=len(standing or ()))
         return True
 
-    async def _work(self, msg: Msg, task: ScrapeTask, story: Transitions, span: Any, slot: Slot | Unlimited, *,
-                    clear: bool) -> None:
+    async def _work(self, msg: Msg, task: ScrapeTask, story: Transitions, span: Any, slot: Slot | Unlimited,
+                    tally: Tally) -> None:
         """Render (holding ``slot`` on the task's host), store, publish, ack; or hand the failure
-        to its path (retry or dead letter)."""
-        seq, attempt = msg.metadata.sequence.stream, story.attempt
+        to its path (an outage, a retry or a dead letter)."""
+        seq, attempt = tally.seq, story.attempt
         started = time.perf_counter()
         # Stored while the page renders, not before: one round trip less per task (a redelivery
         # has stored it already). Awaited before any later record of the task (and before the
@@ -284,7 +308,7 @@ class Worker(PullService):
             scraped_at = utcnow()
             async with slot:
                 try:
-                    rendered = await self._render(task, slot)
+                    rendered = await self._render(task, slot, tally)
                 except RetryableError as exc:
                     await self._cool(task, exc)  # before the slot goes: no one else starts there first
                     raise
@@ -303,34 +327,41 @@ class Worker(PullService):
             if stands and self.renderer is not None:  # its WARC will be archived: later pages may refer to it
                 self.renderer.payloads.add(rendered.warc_payloads)
             # After the result stands: a page's links never outrun the page itself.
-            if task.crawl is None or await self._follow_or_later(msg, task, attempt, rendered):
+            acked = task.crawl is None or await self._follow_or_later(msg, task, attempt, rendered)
+            if acked:
                 await msg.ack_sync(timeout=self.settings.nats.request_timeout)
         except Deferred:
             span.set_attribute("busscrape.outcome", "deferred")
             await running
             raise
+        except (StorageUnavailable, *TRANSIENT) as exc:  # the page's deeds are not in question
+            span.set_attribute("busscrape.outcome", "outage")
+            with contextlib.suppress(*TRANSIENT):
+                await running
+            self.handed_on(await self.failures.outage(msg, story, task, tally, exc))
+            return
         except RetryableError as exc:
             span.set_attribute("busscrape.outcome", f"retry:{exc.reason}")
             await running
-            await self.failures.retry(msg, story, task, seq, exc)
+            await self.failures.retry(msg, story, task, tally, exc)
             return
         except PermanentError as exc:
             span.set_attribute("busscrape.outcome", f"dead:{exc.reason}")
             await running
-            await self.failures.dead(msg, story, task, seq, exc)
+            await self.failures.dead(msg, story, task, tally, exc)
             return
         except asyncio.CancelledError:
             if self.stopping:  # the service hands the message back (PullService._process): say why
                 span.set_attribute("busscrape.outcome", "retry:shutting_down")
-                await self.failures.handed_back(running, story, task, seq)
+                await self.failures.handed_back(running, story, task, tally)
             raise
         self.count("completed" if stands else "already_done")
         span.set_attribute("http.response.status_code", result.status or 0)
         if self.telemetry is not None:
             self.telemetry.render_duration.record(time.perf_counter() - started)
         log.info("task.done", status=result.status, ms=result.timings.get("total"))
-        if clear:
-            await self.attempts.clear(task.task_id, seq)
+        if acked:  # else its links come back: the next delivery must count this one (``_done_before``)
+            await self.attempts.clear(task.task_id, seq, history=tally.delivery > 1)
 
     async def _cool(self, task: ScrapeTask, exc: RetryableError) -> None:
         """A 429 or 503 cools its host for the whole fleet: for Retry-After, else ``cool_default``."""
@@ -371,7 +402,8 @@ class Worker(PullService):
         try:
             await self.frontier.keep(task, rendered.final_url, rendered.links)
         except TRANSIENT as exc:
-            raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}") from None
+            raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}",
+                                     what=names.CRAWLS_BUCKET) from None
 
     async def _follow_or_later(self, msg: Msg, task: ScrapeTask, attempt: int,
                                rendered: Rendered | None = None) -> bool:
@@ -402,23 +434,34 @@ class Worker(PullService):
             else:
                 await self.frontier.follow(task, rendered.final_url, rendered.links)
         except TRANSIENT as exc:
-            raise StorageUnavailable(f"following links: {exc or type(exc).__name__}") from None
+            raise StorageUnavailable(f"following links: {exc or type(exc).__name__}",
+                                     what=names.CRAWLS_BUCKET) from None
 
-    async def _render(self, task: ScrapeTask, slot: Slot | Unlimited) -> Rendered:
+    async def _render(self, task: ScrapeTask, slot: Slot | Unlimited, tally: Tally) -> Rendered:
         """The page rendered and captured within ``task_timeout``, which starts once the host's
-        politeness let the task in (``_enter_host``): waiting for a busy host is not rendering."""
+        politeness let the task in (``_enter_host``): waiting for a busy host is not rendering.
+        Before it navigates, the delivery marks its attempt (``attempts``): should that not be
+        stored, it does not navigate (an outage)."""
         assert self.renderer is not None
+
+        async def before_navigation() -> None:
+            # The mark first: the host's start is then followed by the navigation at once (a
+            # deferral takes the mark back, ``handle``).
+            await self.attempts.reach(tally)
+            await slot.start_or_defer()
+
         follow = None
         if task.crawl is not None:
             try:
                 follow = (await self.frontier.state.spec(task.crawl.crawl_id)).follow
             except TRANSIENT as exc:
-                raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}") from None
+                raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}",
+                                     what=names.CRAWLS_BUCKET) from None
         try:
             async with asyncio.timeout(self.settings.worker.task_timeout):
                 # The slot's lease lost (expired while NATS was away, taken by another worker): the
                 # render stops, and the task comes back later (LeaseLost is a deferral).
-                return await slot.guard(self.renderer.render(task, slot.start_or_defer, follow=follow))
+                return await slot.guard(self.renderer.render(task, before_navigation, follow=follow))
         except TimeoutError:
             raise NavigationTimeout(f"task took longer than task_timeout "
                                     f"{self.settings.worker.task_timeout:.0f}s", reason="task_timeout") from None

@@ -118,12 +118,13 @@ class Reaper(PullService):
         if await self._done(task, seq):
             return None, ""
         history = await self.attempts.history(task.task_id, seq)
-        last = history[-1] if history else None
-        what = (f"last attempt: {last.error}" if last else
-                "no attempt finished: each delivery's worker died or went silent")
+        ledger = await self.attempts.ledger(task.task_id, seq)  # unanswered: the reap waits for later
+        # The consumer's max_deliver ran out on a delivery whose worker died: its deliveries, told
+        # as they were (how many reached the page, failed, died, met outages, were deferred).
         return DeadLetter(
-            task_id=task.task_id, stage="reaper", reason=last.reason if last else "max_deliveries",
-            error=f"delivered {deliveries} times without an outcome; {what}"[:4000], url=task.url,
+            task_id=task.task_id, stage="reaper", reason="max_deliveries",
+            error=f"out of deliveries (the consumer's max_deliver) without an outcome: "
+                  f"{ledger.story(history, deliveries)}"[:4000], url=task.url,
             host=filing.host_of(task.url), attempts=history, task=task, source=source,
         ), names.task_letter_id(task.task_id, seq)
 

@@ -92,10 +92,11 @@ class ResultPublisher:
             if error.answered:
                 await self.drop(result.artifacts)  # not stored: nothing points at them
                 raise StorageUnavailable(f"RESULTS refused the result: {error.description}",
-                                         reason="results_unavailable")
+                                         reason="results_unavailable", what=names.RESULTS_STREAM)
             # No answer: it may be stored. What it points at stays; the next delivery looks first.
             raise StorageUnavailable(f"RESULTS did not confirm the result ({error.description}); it may be "
-                                     "stored, so its artifacts are kept", reason="results_unavailable")
+                                     "stored, so its artifacts are kept", reason="results_unavailable",
+                                     what=names.RESULTS_STREAM)
         stands = not settled.ack.duplicate
         if not stands:
             # An earlier delivery of this task already published its result (and was killed

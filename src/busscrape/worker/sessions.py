@@ -157,7 +157,8 @@ class SessionStore:
             await bucket.put(stored.name, value)
             return left_out
         except TRANSIENT as exc:
-            raise StorageUnavailable(f"cannot store session {stored.name}: {exc!r}") from None
+            raise StorageUnavailable(f"cannot store session {stored.name}: {exc!r}",
+                                     what=names.SESSIONS_BUCKET) from None
 
     async def drop(self, name: str) -> bool:
         if await self.get(name, expired=True) is None:
@@ -196,7 +197,8 @@ class Sessions:
             key = f"login.{host_token(name)}"
             taken = await take(self._hosts, key, self.holder)
         except TRANSIENT as exc:
-            raise StorageUnavailable(f"cannot take the login lease of session {name}: {exc!r}") from None
+            raise StorageUnavailable(f"cannot take the login lease of session {name}: {exc!r}",
+                                     what=names.SESSIONS_BUCKET) from None
         return None if taken is None else Lease(self._hosts, key, *taken, self._ttl)
 
     def rule(self, name: str) -> SessionRule:
