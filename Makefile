@@ -1,5 +1,9 @@
 # The two commands of the README. Both bootstrap first (idempotent, fast when done).
-.PHONY: demo test lint bench
+.PHONY: demo test test-fast lint bench
+
+# The suite mostly waits (timers, Chromium, servers), so it runs in parallel: pytest-xdist with
+# more workers than cores; tests/support/xdist.py groups and orders the tests.
+PARALLEL ?= -n 4 --dist loadgroup
 
 demo:
 	@scripts/bootstrap.sh
@@ -8,7 +12,12 @@ demo:
 test:
 	@scripts/bootstrap.sh test
 	@.venv/bin/ruff check src tests bench
-	@BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra  # CI must not skip the PostgreSQL tests
+	@BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra $(PARALLEL)  # CI must not skip the PostgreSQL tests
+
+# The edit-test loop: everything but the slow and the browser tests.
+test-fast:
+	@scripts/bootstrap.sh test
+	@.venv/bin/python -m pytest -q -ra $(PARALLEL) -m "not slow and not browser"
 
 lint:
 	@.venv/bin/ruff check src tests bench
