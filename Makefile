@@ -1,9 +1,11 @@
 # The two commands of the README. Both bootstrap first (idempotent, fast when done).
 .PHONY: demo test test-fast lint bench
 
-# The suite mostly waits (timers, Chromium, servers), so it runs in parallel: pytest-xdist with
-# more workers than cores; tests/support/xdist.py groups and orders the tests.
-PARALLEL ?= -n 4 --dist loadgroup
+# The suite mostly waits (timers, Chromium, servers), so it can run in parallel: pytest-xdist with
+# more workers than cores; tests/support/xdist.py groups and orders the tests. Not the default yet:
+# the first parallel run (on a machine loaded far beyond its 2 cores) failed 14 of its first 72
+# tests, the slow ones that start together (notes/speed.md). Opt in: make test PARALLEL="-n 4 --dist loadgroup"
+PARALLEL ?=
 
 demo:
 	@scripts/bootstrap.sh
