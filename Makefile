@@ -1,5 +1,11 @@
 # The two commands of the README. Both bootstrap first (idempotent, fast when done).
-.PHONY: demo test lint bench docs
+.PHONY: demo test test-fast lint bench docs
+
+# The suite mostly waits (timers, Chromium, servers), so it runs in parallel: pytest-xdist with
+# more workers than cores; tests/support/xdist.py groups and orders the tests (the long runs
+# first, each on a worker of its own; the tests that measure time one after another).
+# PARALLEL= (empty) runs it serially.
+PARALLEL ?= -n 4 --dist loadgroup
 
 demo:
 	@scripts/bootstrap.sh
@@ -7,14 +13,19 @@ demo:
 
 test:
 	@scripts/bootstrap.sh test
-	@.venv/bin/ruff check src tests bench
+	@.venv/bin/ruff check src tests bench scripts
 	@$(MAKE) --no-print-directory docs
 	@.venv/bin/mypy  # strict, on src/ ([tool.mypy] in pyproject.toml)
-	@BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra  # CI must not skip the PostgreSQL tests
+	@BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra $(PARALLEL)  # CI must not skip the PostgreSQL tests
 	@scripts/compat-newest.sh  # bus/compat.py's tests against the newest nats-py release, in a throwaway venv
 
+# The edit-test loop: everything but the slow and the browser tests.
+test-fast:
+	@scripts/bootstrap.sh test
+	@.venv/bin/python -m pytest -q -ra $(PARALLEL) -m "not slow and not browser"
+
 lint:
-	@.venv/bin/ruff check src tests bench
+	@.venv/bin/ruff check src tests bench scripts
 
 # The documentation site, built strictly (a broken link, a missing page or a stale generated
 # reference fails it) into a temporary folder; `.venv/bin/mkdocs serve` to read it instead.

@@ -7,6 +7,14 @@
 - ``s3``: a real S3-protocol server (MinIO in Docker, else moto_server) for the session.
 - ``site``: a website served on 127.0.0.2 and 127.0.0.3 (distinct origins).
 - ``postgres`` / ``pg_dsn``: a real PostgreSQL for the session, a fresh database per test.
+- ``chromium``: one Playwright Chromium for the session, for tests that drive a page directly
+  (each opens its own context); such a module runs on the session's event loop
+  (``pytest.mark.asyncio(loop_scope="session")``), the loop the browser lives on.
+
+In a parallel run (``make test``: pytest-xdist, ``--dist loadgroup``) every xdist worker is its own
+process with its own session: its own servers, on ports the kernel picks, in its own temporary
+folders. ``pytest_collection_modifyitems`` below says which tests share a worker and which start
+first.
 """
 
 from __future__ import annotations
@@ -15,8 +23,10 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+import pytest_asyncio
 
 from busscrape.bus import provision, topology
 from busscrape.bus.connection import Bus
@@ -27,6 +37,10 @@ from tests.support.postgres import skip_reason as postgres_skip_reason
 from tests.support.postgres import unavailable as postgres_unavailable
 from tests.support.s3 import S3Server
 from tests.support.site import Site
+from tests.support.xdist import arrange
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
 
 # Read before the environment is cleaned below: whether PostgreSQL may be skipped.
 ENV_AT_START = dict(os.environ)
@@ -35,6 +49,10 @@ ENV_AT_START = dict(os.environ)
 for _name in list(os.environ):
     if _name.startswith("BUSSCRAPE_"):
         del os.environ[_name]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    arrange(items)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +122,21 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 def site() -> Iterator[Site]:
     with Site() as s:
         yield s
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def chromium() -> AsyncIterator[Browser]:
+    """Launched once per test process (per xdist worker) instead of once per test."""
+    from playwright.async_api import async_playwright
+
+    from busscrape.settings import BrowserSettings
+    from busscrape.worker.browser.chromium import find_chromium, launch_args
+
+    binary = find_chromium(BrowserSettings())
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=binary.path, args=launch_args(BrowserSettings()))
+        yield browser
+        await browser.close()
 
 
 @pytest.fixture(scope="session")

@@ -203,6 +203,7 @@ GRAPH = ("--depth", str(crawl_site.GRAPH_DEPTH), "--strip-tracking", "--sitemaps
          "--workers", "2", "--concurrency", "3", "--json")
 
 
+@pytest.mark.long
 async def test_a_500_page_graph_over_two_hosts_interrupted_and_resumed_archives_exactly_its_pages_once(tmp_path):
     from tests.e2e.test_run import EmbeddedNatsServer
     from tests.support.site import Site

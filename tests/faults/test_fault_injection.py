@@ -49,7 +49,7 @@ from tests.support.cluster import NatsCluster
 from tests.support.relay import Relay
 from tests.support.site import Site
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.s3, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.browser, pytest.mark.s3, pytest.mark.timeout(900)]
 
 TASKS = 200
 BROKEN = 5  # links that answer 404: the only tasks that may end dead-lettered

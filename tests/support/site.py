@@ -23,6 +23,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Site:
     def __init__(self, hosts: tuple[str, ...] = ("127.0.0.2", "127.0.0.3"), port: int | None = None) -> None:
         self.hosts = hosts
+        self._fixed_port = port is not None
         self.port = port or free_port(hosts[0])
         self.routes: dict[str, Handler] = {}
         self.hits: Counter[tuple[str, str]] = Counter()
@@ -67,8 +68,18 @@ class Site:
 
     def start(self) -> Site:
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(20)
-        return self
+        for _ in range(5):
+            try:
+                asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(20)
+                return self
+            except OSError:
+                # The port was free on the first host, not on another one (tests run in parallel
+                # take ports too): a chosen port is the test's to keep; a picked one, pick again.
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(20)
+                if self._fixed_port:
+                    raise
+                self.port = free_port(self.hosts[0])
+        raise OSError(f"no port free on every one of {self.hosts}")
 
     async def _start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)

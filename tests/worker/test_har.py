@@ -2,20 +2,19 @@ import base64
 
 import orjson
 import pytest
-from playwright.async_api import async_playwright
+import pytest_asyncio
 
-from busscrape.settings import BrowserSettings
-from busscrape.worker.browser.chromium import find_chromium, launch_args
 from busscrape.worker.har import HarRecorder
 
-pytestmark = pytest.mark.browser
+# The shared Chromium (conftest ``chromium``) lives on the session's loop.
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 
 
-@pytest.fixture
-async def page(site):
+@pytest_asyncio.fixture(loop_scope="session")
+async def page(site, chromium):
     site.page("/", '<title>T</title><link rel=stylesheet href=/a.css><img src=/p.png><img src=/gone.png>'
                    '<script>fetch("/api", {method: "POST", body: "q=1"})</script>')
     site.page("/a.css", "body{color:red}", headers={"Content-Type": "text/css"})
@@ -30,11 +29,9 @@ async def page(site):
         from aiohttp import web
         return web.json_response({"ok": True})
 
-    binary = find_chromium(BrowserSettings())
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=binary.path, args=launch_args(BrowserSettings()))
-        yield await (await browser.new_context()).new_page()
-        await browser.close()
+    context = await chromium.new_context()
+    yield await context.new_page()
+    await context.close()
 
 
 async def record(page, site, embed):

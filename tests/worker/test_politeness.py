@@ -96,6 +96,7 @@ async def test_slots_are_shared_by_every_gate_and_free_again_on_release(pbus):
         await s.release()
 
 
+@pytest.mark.timing
 async def test_starts_are_spaced_by_the_delay_across_gates(pbus):
     one, two = gate(pbus, Limit(5, 2.0), "w1"), gate(pbus, Limit(5, 2.0), "w2")
     first, second = await one.enter("d.test"), await two.enter("d.test")
@@ -111,6 +112,7 @@ async def test_starts_are_spaced_by_the_delay_across_gates(pbus):
     await first.release()
 
 
+@pytest.mark.timing
 async def test_an_unreleased_slot_expires_with_the_lease_ttl(pbus):
     """A holder that stops renewing (its process died) loses the slot within the bucket's TTL."""
     one = gate(pbus, Limit(1, 0), "w1")
@@ -131,6 +133,7 @@ async def _enters(g: FleetGate, host: str) -> bool:
     return False
 
 
+@pytest.mark.timing
 async def test_a_renewed_slot_outlives_the_ttl(pbus):
     one = gate(pbus, Limit(1, 0), "w1")
     one.ttl = 3.0
@@ -151,6 +154,7 @@ async def test_a_renewed_slot_outlives_the_ttl(pbus):
     await held.release()
 
 
+@pytest.mark.timing
 async def test_cooling_reaches_every_gate_and_status(pbus):
     one, two = gate(pbus, Limit(2, 0), "w1"), gate(pbus, Limit(2, 0), "w2")
     watch = asyncio.create_task(two.watch_cooling())
@@ -249,6 +253,7 @@ async def run_fleet(tmp_path, env, n=3):
     assert codes == [0] * n, [(tmp_path / f"w{i}.log").read_text()[-3000:] for i in range(n)]
 
 
+@pytest.mark.timing
 @pytest.mark.browser
 async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(bus, wsettings, site,  # noqa: F811
                                                                                  tmp_path):
@@ -286,6 +291,7 @@ async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(
     assert len(await results(bus.js)) == 20 and await dead_letters(bus.js) == []
 
 
+@pytest.mark.timing
 @pytest.mark.browser
 async def test_a_429_with_retry_after_cools_its_host_for_the_fleet_only(bus, wsettings, site, tmp_path):  # noqa: F811
     log = Log()
@@ -306,6 +312,7 @@ async def test_a_429_with_retry_after_cools_its_host_for_the_fleet_only(bus, wse
     assert len(await results(bus.js)) == 17  # the refused page too, once the cooling was over
 
 
+@pytest.mark.timing
 @pytest.mark.browser
 async def test_a_sigkilled_workers_slot_is_free_within_the_lease_ttl(bus, wsettings, site, tmp_path):  # noqa: F811
     pages.install(site)
@@ -345,6 +352,7 @@ async def _gone(kv, key) -> bool:
     return False
 
 
+@pytest.mark.timing
 @pytest.mark.browser
 async def test_waiting_for_a_busy_host_does_not_count_against_task_timeout(bus, wsettings, site):  # noqa: F811
     """Three three-second pages on one host, one at a time, a five-second task_timeout: each task's

@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from playwright.async_api import async_playwright
 from warcio.archiveiterator import ArchiveIterator
 
-from busscrape.settings import BrowserSettings
-from busscrape.worker.browser.chromium import find_chromium, launch_args
 from busscrape.worker.warc import PayloadIndex, Resource, WarcRecorder
 
-pytestmark = pytest.mark.browser
+# The shared Chromium (conftest ``chromium``) lives on the session's loop.
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 
 BIN = Path(sys.executable).parent
 PNG = base64.b64decode(
@@ -45,12 +43,8 @@ def by_type(recs: list, kind: str) -> list:
 
 
 @pytest.fixture
-async def browser():
-    binary = find_chromium(BrowserSettings())
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=binary.path, args=launch_args(BrowserSettings()))
-        yield launched
-        await launched.close()
+def browser(chromium):
+    return chromium
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import sys
 from collections.abc import Coroutine
-from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import typer
 
@@ -93,7 +93,8 @@ class _Lazy:
 
             console = Console(stderr=self._stderr, highlight=False)
             if not console.is_terminal:
-                console = Console(file=_Unpadded(self._stderr), highlight=False, soft_wrap=True, width=_UNBOUNDED)
+                console = Console(file=cast(IO[str], _Unpadded(self._stderr)), highlight=False, soft_wrap=True,
+                                  width=_UNBOUNDED)
             self._console = console
         return getattr(self._console, name)
 

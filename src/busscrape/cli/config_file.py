@@ -49,15 +49,16 @@ def click_errors() -> Any:
     """The exceptions of the click the commands are built on: Typer 0.2x builds them on a click of
     its own (``typer._click``; ``cli.reference`` says the same), so parameters are read through their
     attributes, never ``isinstance`` against the ``click`` package."""
+    import importlib
+
     try:
-        from typer._click import exceptions
+        return importlib.import_module("typer._click.exceptions")
     except ImportError:  # a Typer on the click package
-        from click import exceptions
-    return exceptions
+        return importlib.import_module("click.exceptions")
 
 
 def is_argument(param: Any) -> bool:
-    return param.param_type_name == "argument"
+    return bool(param.param_type_name == "argument")
 
 
 def key_of(param: Any) -> str:
@@ -65,7 +66,7 @@ def key_of(param: Any) -> str:
     (``--max-pages`` → ``max_pages``, ``--format`` → ``format``), an argument's name."""
     if is_argument(param):
         return ARGUMENT_KEYS.get(param.name or "", param.name or "")
-    long = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+    long: str = next((o for o in param.opts if o.startswith("--")), param.opts[0])
     return long.lstrip("-").replace("-", "_")
 
 

@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn, overload
 
 import typer
 
@@ -136,6 +136,15 @@ CONFIG = typer.Option(None, "--config", metavar="FILE", is_eager=True, callback=
 OUTPUT = typer.Option(None, "--output", "-o", metavar="FILE",
                       help="Also write one row per page to FILE (.jsonl, .csv, .parquet; - for JSONL on stdout).")
 """``run`` and ``crawl``'s --config and -o (``cli.config_file``, ``dataset.writer``)."""
+
+
+@overload
+def task_options(command: Callable[..., Any], *, hidden: tuple[str, ...] = ()) -> Callable[..., Any]: ...
+
+
+@overload
+def task_options(command: None = None, *,
+                 hidden: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
 def task_options(command: Callable[..., Any] | None = None, *,

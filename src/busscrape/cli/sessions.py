@@ -37,7 +37,7 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-def _readable(summary: dict) -> dict:
+def _readable(summary: dict[str, Any]) -> dict[str, Any]:
     """A session's summary with its times as the table shows them (ISO 8601, UTC), not epoch floats."""
     return {**summary, "logged_in_at": _when(summary["logged_in_at"]), "expires_at": _when(summary["expires_at"])}
 

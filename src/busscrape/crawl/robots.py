@@ -51,7 +51,7 @@ def _key(origin: str) -> str:
     return hashlib.sha256(origin.encode()).hexdigest()[:24]
 
 
-def _fit(record: dict, room: int) -> dict:
+def _fit(record: dict[str, Any], room: int) -> dict[str, Any]:
     """The record with its body cut to fit a CRAWLS value (``cut``: characters left out). 500 KiB
     of text may grow sixfold as JSON (a control byte is ``\\u0001``): the rules are read as far
     as they fit, as Google reads the first 500 KiB, and the record says so."""

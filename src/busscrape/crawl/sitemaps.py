@@ -17,6 +17,7 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import urljoin
 
 import aiohttp
@@ -61,7 +62,7 @@ class SitemapSeeds:
     """Files read only up to ``SitemapLimits.bytes`` (the first ``MAX_NAMED``)."""
     truncated_count: int = 0
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """What the crawl's seed record says of its sitemaps."""
         return {"urls": len(self.urls), "files": self.files,
                 "cut": {"urls": self.urls_cut, "files": self.files_cut, "truncated": self.truncated_count},

@@ -171,7 +171,7 @@ class CrawlState:
         value = await self._get(f"{crawl_id}.page.{page}")
         if not value:
             return None
-        record = orjson.loads(value)
+        record: dict[str, Any] = orjson.loads(value)
         for n in range(1, int(record.get("parts") or 1)):
             part = await self._get(f"{crawl_id}.page.{page}.{n}")
             record["queued"] = [*record.get("queued", ()), *(orjson.loads(part)["queued"] if part else ())]

@@ -106,7 +106,8 @@ def run(extractor: Extractor, html: str, url: str, status: int | None = None,
     if getattr(extractor, "python", None):
         from busscrape.extract import python
 
-        return python.run(extractor, html, url, status, headers)  # type: ignore[arg-type]
+        outcome: Outcome = python.run(extractor, html, url, status, headers)  # type: ignore[arg-type]
+        return outcome
     started = time.perf_counter()
     page = Page(html, url)
     outcome = Outcome(record={})

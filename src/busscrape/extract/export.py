@@ -130,7 +130,7 @@ def _sub_fields(spec: Any) -> dict[str, Any]:
 
 
 def _scalar(spec: Any) -> str:
-    return spec.sources()[0].type
+    return str(spec.sources()[0].type)
 
 
 def _arrow_type(pa: Any, spec: Any) -> Any:

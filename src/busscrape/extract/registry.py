@@ -16,6 +16,7 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -106,7 +107,7 @@ class Registry(Mapping[str, Extractor]):
         from busscrape.extract import python
 
         extractors: dict[str, Extractor] = dict(python.from_entry_points())  # a file of the same name wins
-        files = {}
+        files: dict[str, Any] = {}
         for path in sorted([*folder.glob("*.toml"), *folder.glob("*.py")]):
             if path.suffix == ".py" and not NAME.match(path.stem):
                 continue  # a helper module beside the extractors (_common.py)

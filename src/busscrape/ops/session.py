@@ -18,8 +18,11 @@ from busscrape.dataset.pages import Page, PageFeed
 from busscrape.ops.runner import Progress, Runner, RunOptions, RunSummary
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from busscrape.dataset.writer import DatasetWriter
     from busscrape.settings import Settings
+    from busscrape.status.records import TaskStatus
 
 
 class RunSession:
@@ -36,8 +39,7 @@ class RunSession:
             self.writer = DatasetWriter(options.output)  # a bad name or no pyarrow: before anything starts
         self.collect = collect
         if collect or self.writer is not None:  # else no page is read back (a plain `busscrape run`)
-            earlier = options.on_outcome
-            options.on_outcome = self.feed.outcome if earlier is None else lambda s: (earlier(s), self.feed.outcome(s))
+            options.on_outcome = self._also_feed(options.on_outcome)
         self.runner = Runner(settings, options, progress=progress)
         self._pages: asyncio.Queue[Page | None] = asyncio.Queue()
         self._running: asyncio.Task[RunSummary] | None = None
@@ -67,6 +69,17 @@ class RunSession:
                     self._pages.put_nowait(page)
         finally:
             self._pages.put_nowait(None)
+
+    def _also_feed(self, earlier: Callable[[TaskStatus], None] | None) -> Callable[[TaskStatus], None]:
+        """The run's outcome callback: ``earlier``'s (the caller's own), then the page feed's."""
+        if earlier is None:
+            return self.feed.outcome
+
+        def both(status: TaskStatus) -> None:
+            earlier(status)
+            self.feed.outcome(status)
+
+        return both
 
     def __aiter__(self) -> RunSession:
         return self

@@ -223,7 +223,7 @@ class DispatchSettings(_Section):
     """Requests made to read one crawl's sitemaps (robots.txt, index files, gzip ones and the
     known sitemap paths tried included); those not made are counted in the seed record
     (``sitemaps.cut.files``)."""
-    sitemap_max_bytes: Size = "50MiB"
+    sitemap_max_bytes: Size = Field("50MiB", validate_default=True)
     """Most bytes read of one sitemap file (the sitemaps protocol allows 50 MB uncompressed); a
     longer one is read up to here and named in the seed record (``sitemaps.truncated``)."""
 
@@ -274,7 +274,7 @@ class WorkerSettings(_Section):
     """First retry delay; doubles each attempt, with jitter, capped by ``retry_max_delay``."""
     retry_max_delay: Duration = Field("5m", validate_default=True)
     """Longest retry delay (a larger ``Retry-After`` is capped to this)."""
-    outage_budget: Duration = Field("6h", gt=0)
+    outage_budget: Duration = Field("6h", gt=0, validate_default=True)
     """How long one task may keep meeting an outage (NATS, a bucket, the object store or S3 not
     answering), from the first delivery that met one, before it is dead-lettered
     ``outage_exceeded``. Outages spend no attempt; this is what keeps a task from waiting for

@@ -60,8 +60,9 @@ from busscrape.worker.backpressure import ResultsRoom
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.capture import Rendered
 from busscrape.worker.failures import Failures
-from busscrape.worker.fleet_gate import Deferred, FleetGate, Slot, Unlimited, Wait
+from busscrape.worker.fleet_gate import FleetGate, Slot, Unlimited
 from busscrape.worker.host_rules import HostRules, Limit
+from busscrape.worker.leases import Deferred, Wait
 from busscrape.worker.reaper import Reaper
 from busscrape.worker.render import Renderer
 from busscrape.worker.results import ResultPublisher
@@ -334,7 +335,7 @@ class Worker(PullService):
             span.set_attribute("busscrape.outcome", "deferred")
             await running
             raise
-        except (StorageUnavailable, *TRANSIENT) as exc:  # the page's deeds are not in question
+        except transient_or(StorageUnavailable) as exc:  # the page's deeds are not in question
             span.set_attribute("busscrape.outcome", "outage")
             with contextlib.suppress(*TRANSIENT):
                 await running

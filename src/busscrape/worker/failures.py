@@ -28,7 +28,7 @@ from nats.aio.msg import Msg
 
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
-from busscrape.bus.retry import TRANSIENT, backoff
+from busscrape.bus.retry import TRANSIENT, backoff, transient_or
 from busscrape.deadletters import filing
 from busscrape.errors import (
     BusscrapeError,
@@ -127,7 +127,7 @@ class Failures:
                     tally.ledger = await self.attempts.write(task.task_id, tally.seq,
                                                              tally.ledger.withdraw(tally.delivery))
                 await story.step("retrying", reason=exc.reason, error=str(exc))
-        except (TimeoutError, StorageUnavailable, *TRANSIENT):
+        except transient_or(TimeoutError, StorageUnavailable):
             log.warning("task.handed_back_unrecorded", reason=exc.reason)
             return
         log.info("task.handed_back", reason=exc.reason)

@@ -40,9 +40,8 @@ from busscrape.worker.browser.compat import listen, storage_state
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.capture import Capture, Capturer, Rendered, Visit
-from busscrape.worker.fleet_gate import Deferred, Wait
 from busscrape.worker.har import HarRecorder
-from busscrape.worker.leases import Lease
+from busscrape.worker.leases import Deferred, Lease, Wait
 from busscrape.worker.page_errors import first_line, navigation_error, page_error, retry_after_seconds
 from busscrape.worker.sessions import SessionRule, Sessions, Stored
 from busscrape.worker.status_policy import StatusPolicy
@@ -249,13 +248,13 @@ class Renderer:
         if block and opts.block_resources:  # a route of the tab's context: set once per task
             blocked_types = set(opts.block_resources)
 
-            async def block(route: Route) -> None:
+            async def abort_blocked(route: Route) -> None:
                 if route.request.resource_type in blocked_types:
                     await route.abort("blockedbyclient")
                 else:
                     await route.fallback()
 
-            await tab.context.route("**/*", block)
+            await tab.context.route("**/*", abort_blocked)
 
         def on_failed(request: Request) -> None:
             watch.failed.append((request.url, request.failure or ""))

@@ -320,13 +320,13 @@ class WarcRecorder:
         headers = _header_list(sent, decoded=False, masked=self.masked)
         if not any(name.lower() == "host" for name, _ in headers):
             headers.insert(0, ("Host", parts.netloc))
-        sent = request.post_data_buffer or b""
-        post = sent[: self._room(len(sent))]  # a request body counts against the page's WARC as a response's does
+        body = request.post_data_buffer or b""
+        post = body[: self._room(len(body))]  # a request body counts against the page's WARC as a response's does
         warc_headers = {}
-        if len(post) < len(sent):
+        if len(post) < len(body):
             warc_headers["WARC-Truncated"] = "length"
             self.counts["truncated"] += 1
-            self.note(url, f"request body cut at {len(post)} of {len(sent)} bytes (max_warc_bytes)")
+            self.note(url, f"request body cut at {len(post)} of {len(body)} bytes (max_warc_bytes)")
         http = StatusAndHeaders(bounds.cut(f"{request.method} {target} HTTP/1.1", bounds.MAX_URL + 20), headers,
                                 is_http_request=True)
         return self._writer.create_warc_record(url, "request", payload=BytesIO(post), length=len(post),
