@@ -206,7 +206,7 @@ async def test_bodies_that_are_not_json_or_too_large_are_refused(applied, http):
 
 async def test_task_lookups_answer_404_400_as_they_should(http):
     status, body = await call(http, "GET", f"/tasks/{'0' * 32}")
-    assert status == 404 and error_of(body) == "not_found" and "tasks" not in body  # as the README says
+    assert status == 404 and error_of(body) == "not_found" and "tasks" not in body  # as docs/api.md says
     status, body = await call(http, "GET", "/tasks/NOT-AN-ID")
     assert status == 400 and error_of(body) == "invalid_task_id"
     status, body = await call(http, "GET", "/tasks", params={"url": "javascript:alert(1)"})

@@ -277,7 +277,7 @@ async def _at_least(archive, n: int) -> bool:
 
 
 async def test_a_crawl_whose_seed_was_blocked_says_so_and_runs_when_asked_again_with_allow(tmp_path, site):
-    """Issue 36.1, as the README runs it: without --allow the seed is refused (exit 2, which seed
+    """Issue 36.1, as docs/crawl.md runs it: without --allow the seed is refused (exit 2, which seed
     and how to open it); the same command with --allow resumes the same crawl and archives it."""
     crawl_site.install(site)
     env = clean_env(BUSSCRAPE_STATE_DIR=str(tmp_path / "state"))

@@ -1,5 +1,5 @@
 """What a worker does with a task's extractor, on real Chromium and a real nats-server: the
-outcomes README promises at the worker (an extractor it does not have, a record over the bound),
+outcomes docs/extraction.md promises at the worker (an extractor it does not have, a record over the bound),
 each dead-lettered at once under its own reason."""
 
 from __future__ import annotations

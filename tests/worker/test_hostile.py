@@ -165,7 +165,7 @@ async def test_a_download_is_dead_lettered_not_saved(wbus, wsettings, hostile): 
 async def test_a_pdf(wbus, wsettings, hostile):  # noqa: F811
     letters, done = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/doc.pdf"))
     # Headless Chromium hands a PDF to its download path: a clear dead letter at once, not a hang
-    # (the README's promise).
+    # (docs/worker.md's promise).
     assert done == [] and [d.reason for d in letters] == ["download"] and len(letters[0].attempts) == 1
 
 
