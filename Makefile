@@ -1,11 +1,12 @@
 # The two commands of the README. Both bootstrap first (idempotent, fast when done).
 .PHONY: demo test test-fast lint bench docs
 
-# The suite mostly waits (timers, Chromium, servers), so it runs in parallel: pytest-xdist with
+# The suite mostly waits (timers, Chromium, servers), so it can run in parallel: pytest-xdist with
 # more workers than cores; tests/support/xdist.py groups and orders the tests (the long runs
-# first, each on a worker of its own; the tests that measure time one after another).
-# PARALLEL= (empty) runs it serially.
-PARALLEL ?= -n 4 --dist loadgroup
+# first, each on a worker of its own; the tests that measure time one after another). Serial by
+# default until a parallel run has passed on a quiet machine (docs/development.md, "Tests in
+# parallel"); opt in with make test PARALLEL="-n 4 --dist loadgroup".
+PARALLEL ?=
 
 demo:
 	@scripts/bootstrap.sh
