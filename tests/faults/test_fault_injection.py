@@ -25,7 +25,6 @@ TASKS and RESULTS empty of work; every poison message in DEADLETTER; no artifact
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 import uuid
@@ -43,7 +42,7 @@ from busscrape.dispatch.identity import TaskIdentity
 from busscrape.errors import StorageUnavailable
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
-from tests.conftest import make_settings
+from tests.conftest import ENV_AT_START, make_settings
 from tests.faults.harness import Fleet, audit
 from tests.support.cluster import NatsCluster
 from tests.support.relay import Relay
@@ -59,8 +58,10 @@ Chaos = Callable[[Fleet, Bus], Awaitable[None]]
 
 
 def chaos_seed(capsys: pytest.CaptureFixture[str]) -> random.Random:
-    """The schedule's randomness: ``BUSSCRAPE_CHAOS_SEED`` or a fresh seed, printed to replay it."""
-    seed = int(os.environ.get("BUSSCRAPE_CHAOS_SEED") or random.randrange(1 << 32))
+    """The schedule's randomness: ``BUSSCRAPE_CHAOS_SEED`` or a fresh seed, printed to replay it.
+    Read from the environment the suite started with: conftest removes every ``BUSSCRAPE_``
+    variable from ``os.environ`` before any test runs (settings must not leak into tests)."""
+    seed = int(ENV_AT_START.get("BUSSCRAPE_CHAOS_SEED") or random.randrange(1 << 32))
     with capsys.disabled():
         print(f"\n  chaos seed {seed} (replay: BUSSCRAPE_CHAOS_SEED={seed})", flush=True)
     return random.Random(seed)

@@ -116,3 +116,39 @@ async def test_an_ingesters_folder_lease_outlives_a_renewal_whose_reply_was_lost
         lease.check()  # still this ingester's: the write may commit
         assert (await kv.get(lease.key)).value.startswith(b"ingester-1 ")
     assert await take(kv, lease.key, b"ingester-2") is not None  # freed at once
+
+
+async def test_a_release_that_lands_as_a_renewals_reply_arrives_stops_the_renewals(hosts):
+    """The chaos run's stalled host: on Python 3.11 ``asyncio.wait_for`` (nats-py waits for every
+    reply with it) swallows a cancel that comes in the loop iteration where the reply lands
+    (cpython gh-86296). The release's cancel of the renewals was lost that way: they went on for
+    ever, the release waited for them for ever, and the slot stayed held."""
+    taken = await take(hosts, "slot.swallowed.0", b"w1")
+    assert taken is not None
+    lease = Lease(hosts, "slot.swallowed.0", *taken, ttl=0.6)
+    loop, update, releasing = asyncio.get_running_loop(), hosts.update, []
+
+    async def applied_and_released_as_its_reply_lands(*args, **kwargs):
+        revision = await update(*args, **kwargs)  # the server applied the renewal
+        if releasing:
+            return revision
+        reply = loop.create_future()
+
+        def lands() -> None:  # its reply and the holder's release in one loop iteration
+            reply.set_result(revision)
+            releasing.append(asyncio.ensure_future(lease.release()))
+
+        loop.call_soon(lands)
+        return await asyncio.wait_for(reply, 10)  # as nats-py waits for the reply
+
+    hosts.update = applied_and_released_as_its_reply_lands
+    try:
+        await wait_until(lambda: asyncio.sleep(0, bool(releasing)), timeout=15, every=0.05)
+        # Liveness, not speed: before the fix the release never returned.
+        done, _ = await asyncio.wait(releasing, timeout=30)
+        assert done, "the release waited for ever for renewals that went on"
+    finally:
+        hosts.update = update
+    # Released for good: no renewal brings the key back, another worker takes the slot.
+    await asyncio.sleep(1.5)  # several renewal periods (0.2 s) of the lease
+    assert await take(hosts, "slot.swallowed.0", b"w2") is not None

@@ -49,8 +49,9 @@ class Lease:
         self.lost = asyncio.Event()
         self.confirmed = time.monotonic()
         """When the key was last known to be this holder's (``time.monotonic``)."""
-        self._renewing = asyncio.create_task(self._keep(), name=f"lease {key}")
         self._released = False
+        self._renewing = asyncio.create_task(self._keep(), name=f"lease {key}")
+        self._renewing.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: not logged unseen
 
     def lost_error(self) -> Exception:
         """What ``check`` and ``guard`` raise once the lease is lost (each kind of lease says)."""
@@ -79,7 +80,10 @@ class Lease:
         return doing.result()
 
     async def _keep(self) -> None:
-        while not self.lost.is_set():
+        # The flag, not only the cancel, ends the renewals: on Python 3.11 a cancel that lands as
+        # a renewal's reply arrives is swallowed by ``asyncio.wait_for`` inside nats-py (cpython
+        # gh-86296), and the loop would renew a released lease for ever.
+        while not self.lost.is_set() and not self._released:
             await asyncio.sleep(self.ttl / 3)
             await self._renew()
 
@@ -121,7 +125,9 @@ class Lease:
             return
         self._released = True
         self._renewing.cancel()
-        await asyncio.gather(self._renewing, return_exceptions=True)
+        # Bounded: should the cancel be swallowed (see ``_keep``), the renewal under way ends on
+        # its own request timeout and the loop stops at the flag; never wait on it for ever.
+        await asyncio.wait({self._renewing}, timeout=self.ttl)
         if self.lost.is_set():
             return  # not ours: never delete another holder's key
         with contextlib.suppress(*TRANSIENT):

@@ -55,6 +55,7 @@ from busscrape.status.records import StatusBoard, Transitions
 from busscrape.status.standing import objects_of, standing_results
 from busscrape.telemetry import tracing
 from busscrape.telemetry.metrics import Telemetry
+from busscrape.worker import deadline
 from busscrape.worker.attempts import AttemptLog, Ledger, Tally
 from busscrape.worker.backpressure import ResultsRoom
 from busscrape.worker.browser.pool import BrowserPool
@@ -459,10 +460,11 @@ class Worker(PullService):
                 raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}",
                                      what=names.CRAWLS_BUCKET) from None
         try:
-            async with asyncio.timeout(self.settings.worker.task_timeout):
-                # The slot's lease lost (expired while NATS was away, taken by another worker): the
-                # render stops, and the task comes back later (LeaseLost is a deferral).
-                return await slot.guard(self.renderer.render(task, before_navigation, follow=follow))
+            # The slot's lease lost (expired while NATS was away, taken by another worker): the
+            # render stops, and the task comes back later (LeaseLost is a deferral). Its clean-up
+            # is bounded too (``deadline``): the slot goes however the render ends.
+            return await deadline.within(slot.guard(self.renderer.render(task, before_navigation, follow=follow)),
+                                         self.settings.worker.task_timeout, grace=deadline.CLEANUP_GRACE, what="render")
         except TimeoutError:
             raise NavigationTimeout(f"task took longer than task_timeout "
                                     f"{self.settings.worker.task_timeout:.0f}s", reason="task_timeout") from None
