@@ -245,9 +245,10 @@ async def run_until_a_page_hangs(tmp_path, site) -> subprocess.Popen[str]:
     return proc
 
 
-async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_an_attempt_record(tmp_path, site):
-    """SIGINT to `run` while a page hangs: the task is nak'ed (not left for ack_wait) and its
-    attempt is recorded as shutting_down, so the next run renders it at once."""
+async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_no_attempt_spent(tmp_path, site):
+    """SIGINT to `run` while a page hangs: the task is nak'ed (not left for ack_wait), its history
+    says shutting_down, and the stop spends none of its attempts (#34: an attempt counts only what
+    the page did), so the next run renders it at once with all of them."""
     from busscrape.worker.attempts import AttemptLog
 
     proc = await run_until_a_page_hangs(tmp_path, site)
@@ -264,8 +265,9 @@ async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_an_attempt_record
             await msg.nak()
             [task] = [decode(ScrapeTask, m.data) for m in await stream_messages(bus.js, names.TASKS_STREAM)]
             seq = (await stream_messages(bus.js, names.TASKS_STREAM))[0].seq
-            [attempt] = await AttemptLog(bus.js).history(task.task_id, seq)
-            assert attempt.reason == "shutting_down" and attempt.retryable
+            attempts = AttemptLog(bus.js)
+            assert (await attempts.ledger(task.task_id, seq)).attempts == 0  # its mark taken back
+            assert await attempts.history(task.task_id, seq) == ()
             latest, _ = await StatusBoard(bus.js).latest(task.task_id)
             assert latest.state == "retrying" and latest.reason == "shutting_down"
 
