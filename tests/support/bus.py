@@ -73,3 +73,19 @@ async def lagging_replica(js: JetStreamContext, stream: str, *, keeps: str) -> N
         return (await js.stream_info(lagging)).state.messages >= wanted
 
     await wait_until(synced, timeout=10)
+
+
+async def two_workers(bus, s):
+    """Two workers in this process (``w1`` on ``bus``, ``w2`` on a connection of its own) run the
+    queue dry side by side; both are returned for their counters."""
+    from busscrape.bus.connection import Bus
+    from busscrape.worker.daemon import Worker
+
+    other = await Bus.connect(s, name="second-worker")
+    try:
+        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
+                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
+            await asyncio.gather(one.run(), two.run())
+    finally:
+        await other.close()
+    return one, two

@@ -17,7 +17,7 @@ from busscrape.worker.daemon import Worker
 from busscrape.worker.fleet_gate import Deferred, FleetGate, Slot, Wait, cooling_hosts, host_of, host_token
 from busscrape.worker.host_rules import HostRules, Limit
 from tests.support import pages
-from tests.support.bus import dead_letters, enqueue, results, wait_until
+from tests.support.bus import dead_letters, enqueue, results, two_workers, wait_until
 from tests.support.procs import env_for, kill9, spawn
 from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
@@ -403,19 +403,6 @@ async def test_killed_on_every_attempt_the_worker_files_the_letter_despite_the_d
     assert worker.counters.get("completed", 0) == 0 and len(stamps["/slow"]) == 2
 
 
-async def two_workers_run(bus, s) -> tuple[Worker, Worker]:
-    """Two workers in this process, each with its own connection and name, run the queue dry."""
-    from busscrape.bus.connection import Bus
-
-    other = await Bus.connect(s, name="second-worker")
-    try:
-        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
-                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
-            await asyncio.gather(one.run(), two.run())
-    finally:
-        await other.close()
-    return one, two
-
 
 @pytest.mark.browser
 async def test_two_slots_on_a_host_without_a_delay_are_two_pages_at_once_never_more(bus, wsettings, site):  # noqa: F811
@@ -429,7 +416,7 @@ async def test_two_slots_on_a_host_without_a_delay_are_two_pages_at_once_never_m
     await provision.apply(bus.js, topology.load(s))
     for i in range(8):
         await enqueue(bus.js, site.url(f"/page?s=1.5&n={i}"))
-    one, two = await two_workers_run(bus, s)
+    one, two = await two_workers(bus, s)
     host = site.hosts[0]
     assert len(log.starts(host)) == 8 and len(await results(bus.js)) == 8
     assert log.peak(host) == 2, log.rows

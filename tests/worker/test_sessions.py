@@ -14,7 +14,7 @@ from busscrape.errors import ConfigurationError
 from busscrape.model.messages import TaskOptions
 from busscrape.worker.daemon import Worker
 from busscrape.worker.sessions import SessionStore, read_rules
-from tests.support.bus import dead_letters, enqueue, results, wait_until
+from tests.support.bus import dead_letters, enqueue, results, two_workers, wait_until
 from tests.support.procs import env_for
 from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
@@ -68,19 +68,6 @@ def two_worker_settings(base, tmp_path, site):
     return base.with_overrides(worker={"concurrency": 2, "sessions_file": str(sessions_file(tmp_path, site)),
                                        "host_concurrency": 4, "host_busy_retry": "200ms"})
 
-
-async def two_workers(bus, s) -> tuple[Worker, Worker]:
-    """Two workers (each with its own connection) run the queue dry side by side."""
-    from busscrape.bus.connection import Bus
-
-    other = await Bus.connect(s, name="second-worker")
-    try:
-        async with Worker(bus, s.with_overrides(worker={"name": "w1"})) as one, \
-                Worker(other, s.with_overrides(worker={"name": "w2"})) as two:
-            await asyncio.gather(one.run(), two.run())
-    finally:
-        await other.close()
-    return one, two
 
 
 @pytest.mark.browser
