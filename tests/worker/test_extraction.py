@@ -41,7 +41,9 @@ async def test_an_unknown_extractor_and_a_record_too_large_are_dead_lettered_at_
     assert set(letters) == {big.task_id, unknown.task_id}
     too_large, nope = letters[big.task_id], letters[unknown.task_id]
     assert too_large.reason == "record_too_large" and "extract.max_record_bytes" in too_large.error
-    assert nope.reason == "unknown_extractor" and "'nope'" in nope.error and "it has: pick" in nope.error
+    # The worker lists what it has: the folder's extractor and the bundled one (#36.7).
+    assert nope.reason == "unknown_extractor" and "'nope'" in nope.error
+    assert "(it has: demo-product, pick)" in nope.error
     assert [a.retryable for a in too_large.attempts] == [False] and [a.retryable for a in nope.attempts] == [False]
     assert site.hits[(site.hosts[0], "/big")] == 1  # rendered once: the same page, the same record
     assert site.hits[(site.hosts[0], "/other")] == 0  # refused before any page was loaded
