@@ -32,6 +32,9 @@ log = structlog.get_logger("busscrape.run")
 
 HELD = ("running", "rendered")
 """The STATUS states of a task a worker holds (its delivery pending without a delay of its own)."""
+HANDED_BACK = "shutting_down"
+"""A ``retrying`` record with this reason: a worker that stopped as the run died handed the task
+back, but its nak may not have reached the dying server (the delivery then stays pending)."""
 
 
 async def reclaim(bus: Bus, timeout: float = 5.0) -> list[str]:
@@ -58,10 +61,14 @@ async def reclaim(bus: Bus, timeout: float = 5.0) -> list[str]:
         except MessageDecodeError:
             continue  # the worker that takes it dead-letters it
         latest = await board.latest(task_id)
-        if latest is None or latest[0].state not in HELD:
+        if latest is None or not (latest[0].state in HELD
+                                  or (latest[0].state == "retrying" and latest[0].reason == HANDED_BACK)):
             continue
         subject = names.ack_subject(names.TASKS_STREAM, names.WORKERS_CONSUMER, msg.seq or 0, last_consumer)
-        await bus.nc.request(subject, b"-NAK", timeout=timeout)
+        try:
+            await bus.nc.request(subject, b"-NAK", timeout=timeout)
+        except TimeoutError:  # no longer pending (the stopping worker's own nak landed): nothing to take
+            continue
         taken.append(task_id)
     if taken:
         log.warning("run.in_flight_reclaimed", tasks=len(taken))
