@@ -20,9 +20,10 @@ from tests.crawl.test_robots import serve_in_writes
 XML = '<?xml version="1.0" encoding="UTF-8"?>\n'
 
 
-def urlset(urls: list[str]) -> bytes:
+def urlset(urls: list[str], lastmod: str | None = None) -> bytes:
+    modified = f"<lastmod>{lastmod}</lastmod>" if lastmod else ""
     return (XML + '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
-            + "".join(f"<url><loc>{u}</loc></url>\n" for u in urls) + "</urlset>").encode()
+            + "".join(f"<url><loc>{u}</loc>{modified}</url>\n" for u in urls) + "</urlset>").encode()
 
 
 def index(urls: list[str]) -> bytes:
@@ -71,12 +72,6 @@ async def test_every_redirect_hop_of_a_sitemap_fetch_is_asked_of_the_policy(site
 PAGES = 3000  # a urlset of ~200 KB: many reads of the network, and a gzip file of many chunks
 
 
-def dated_urlset(urls: list[str]) -> bytes:
-    rows = "".join(f"<url><loc>{u}</loc><lastmod>2026-01-01</lastmod></url>\n" for u in urls)
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
-            f"\n{rows}</urlset>\n").encode()
-
-
 async def test_a_sitemap_index_of_a_gzip_file_and_a_plain_one_seeds_every_page(site):
     plain = [site.url(f"/plain/{i}") for i in range(3)]
     # Distinct digests in the paths, so that the gzip file is as long as several reads.
@@ -88,7 +83,7 @@ async def test_a_sitemap_index_of_a_gzip_file_and_a_plain_one_seeds_every_page(s
 <sitemap><loc>{site.url('/pages.xml.gz')}</loc></sitemap>
 <sitemap><loc>{site.url('/plain.xml')}</loc></sitemap>
 </sitemapindex>""", headers={"Content-Type": "application/xml"})
-    body = gzip.compress(dated_urlset(zipped))
+    body = gzip.compress(urlset(zipped, lastmod="2026-01-01"))
     assert len(body) > 100_000
 
     @site.route("/pages.xml.gz")
@@ -101,7 +96,7 @@ async def test_a_sitemap_index_of_a_gzip_file_and_a_plain_one_seeds_every_page(s
         await response.write_eof()
         return response
 
-    site.page("/plain.xml", dated_urlset(plain).decode(), headers={"Content-Type": "application/xml"})
+    site.page("/plain.xml", urlset(plain, lastmod="2026-01-01").decode(), headers={"Content-Type": "application/xml"})
     found = await sitemap_urls([site.url("/")], NetworkPolicy.from_settings([f"{h}/32" for h in site.hosts]))
     assert sorted(found.urls) == sorted(zipped + plain)
     assert site.hits[(site.hosts[0], "/pages.xml.gz")] == 1 and site.hits[(site.hosts[0], "/index.xml")] == 1
