@@ -4,6 +4,7 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from busscrape.errors import MessageDecodeError
 from busscrape.model.messages import (
@@ -118,8 +119,11 @@ def test_task_key_is_stable_and_covers_steps_and_options_but_not_labels():
     url = "http://127.0.0.2/a"
     # Pinned: task ids key SEEN across runs, so a change of the digest or of TaskOptions' defaults
     # would make every URL new work again. Change these only on purpose (and say so in the notes).
-    assert task_key(url) == "ba27b8c49574d689444c0d5eee3a6a7b"
-    assert task_key(url, (Click(selector="#x"),)) == "b98f1e56af1dde8caaad6fcf3c0b19ab"
+    # Changed on purpose in #39: the default screenshot became the viewport, which is other work
+    # than the full page the old default took; a task that asks for the full page keeps its old id.
+    assert task_key(url) == "675630e80ecfddb5d55d6b9d7ad99121"
+    assert task_key(url, (Click(selector="#x"),)) == "1d29a5103908c707ddca97a501875da9"
+    assert task_key(url, (), TaskOptions(screenshot="full")) == "ba27b8c49574d689444c0d5eee3a6a7b"
     assert len(task_key(url)) == 32
     assert task_key(url) != task_key(url + "b")
     assert task_key(url) != task_key(url, (Click(selector="#x"),))
@@ -148,3 +152,11 @@ def test_decode_of_arbitrary_objects_is_typed(obj):
 def test_huge_numbers_are_a_typed_error():
     with pytest.raises(MessageDecodeError):
         decode(ScrapeResult, b'{"schema_version": 1, "attempt": 123456789012345678901234567890}')
+
+
+def test_a_screenshot_is_the_viewport_unless_the_task_asks_for_the_full_page():
+    assert TaskOptions().screenshot.full_page is False
+    assert TaskOptions.model_validate({"screenshot": "full"}).screenshot.full_page is True
+    assert TaskOptions.model_validate({"screenshot": "viewport"}).screenshot == TaskOptions().screenshot
+    with pytest.raises(ValidationError, match="screenshot 'tall': write \"viewport\", \"full\""):
+        TaskOptions.model_validate({"screenshot": "tall"})

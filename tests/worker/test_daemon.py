@@ -207,7 +207,7 @@ async def test_a_page_that_never_finishes_times_out_retries_and_dead_letters(wbu
 @pytest.mark.slow  # ~30 s on two loaded cores
 async def test_a_20mb_page_and_a_10mb_screenshot_flow_through_byte_identical(wbus, wsettings, site, stamps):
     await enqueue(wbus.js, site.url("/big"), options=TaskOptions(artifacts=("html",)))
-    await enqueue(wbus.js, site.url("/noise"), options=TaskOptions(artifacts=("screenshot",)))
+    await enqueue(wbus.js, site.url("/noise"), options=TaskOptions(artifacts=("screenshot",), screenshot="full"))
     await run_worker(wbus, wsettings, navigation_timeout=30)
     by_url = {r.url: r for r in await results(wbus.js)}
     big = by_url[site.url("/big")].artifacts[0]

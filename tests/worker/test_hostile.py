@@ -194,10 +194,17 @@ async def test_max_har_bytes(wbus, wsettings, hostile):  # noqa: F811
 
 async def test_max_screenshot_height(wbus, wsettings, hostile):  # noqa: F811
     letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/tall"),
-                                                  options=TaskOptions(artifacts=("screenshot",)),
+                                                  options=TaskOptions(artifacts=("screenshot",), screenshot="full"),
                                                   max_screenshot_height=3000)
     [shot] = result.artifacts
     assert letters == [] and png_size(await ArtifactStore(wbus.js).read(shot)) == (1280, 3000)
+
+
+async def test_the_default_screenshot_is_the_viewport(wbus, wsettings, hostile):  # noqa: F811
+    letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/tall"),
+                                                  options=TaskOptions(artifacts=("screenshot",)))
+    [shot] = result.artifacts
+    assert letters == [] and png_size(await ArtifactStore(wbus.js).read(shot)) == (1280, 800)
 
 
 async def test_max_steps(wbus, wsettings, hostile):  # noqa: F811

@@ -282,3 +282,41 @@ async def test_compressed_responses_authorization_and_a_cut_connection_in_the_wa
     assert requests["private"][2].get_header("Authorization") == "[masked]"
     assert not any(SECRET in str(r[2]) for r in by_type(recs, "request"))  # in the page's script only
     assert responses["cut"][1]["WARC-Truncated"] == "disconnect", responses["cut"][1]
+
+
+async def test_the_har_and_the_warc_share_one_fetch_of_each_body(browser, traffic, tmp_path):
+    # #39: both recorders keep bodies; each body comes out of the browser once, into both files.
+    import orjson
+
+    from busscrape.worker.bodies import ResponseBodies
+    from busscrape.worker.har import HarRecorder
+
+    page = await (await browser.new_context()).new_page()
+    bodies = ResponseBodies(readers=2)
+    har = HarRecorder(page, embed_bodies=True, bodies=bodies)
+    warc = WarcRecorder(page, max_body_bytes=1 << 20, max_total_bytes=8 << 20, browser_version="test",
+                        bodies=bodies)
+    url = traffic.url("/")
+    await page.goto(url, wait_until="load")
+    await page.wait_for_function("document.getElementById('out').textContent")
+    await har.settle()
+    spool = await warc.finish({"url": url, "final_url": page.url, "title": "T"}, [])
+    path = tmp_path / "page.warc.gz"
+    path.write_bytes(spool.read())
+    spool.close()
+    await page.context.close()
+
+    doc = orjson.loads(har.build(browser_version="x", page_timings={}, max_bytes=10**7)[0])["log"]
+    in_har = {e["request"]["url"]: e["response"]["content"] for e in doc["entries"]}
+    in_warc = {r[1]["WARC-Target-URI"]: r[3] for r in by_type(records(path), "response")}
+    kept = {u: body for u, body in in_warc.items() if body}
+    assert {traffic.url(p) for p in ("/", "/a.css", "/p.png", "/api")} <= set(kept)
+    for u, body in kept.items():
+        content = in_har[u]
+        text = content["text"]
+        assert (base64.b64decode(text) if content.get("encoding") == "base64" else text.encode()) == body, u
+    revisits = by_type(records(path), "revisit")  # /b.css: the same bytes as /a.css, fetched all the same
+    assert [r[1]["WARC-Target-URI"] for r in revisits] == [traffic.url("/b.css")]
+    # One fetch per response that has a body, not one per recorder (two before the shared fetch).
+    assert bodies.fetched == len(kept) + len(revisits), (bodies.fetched, sorted(kept))
+    assert not bodies._fetches, "a body both recorders finished with is still held"

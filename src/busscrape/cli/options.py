@@ -93,7 +93,9 @@ TASK_OPTIONS: list[tuple[str, Any, Any]] = [
     ("label", list[str], typer.Option([], "--label", metavar="K=V", help="A label on every task. Repeatable.")),
     ("screenshot_format", str | None, typer.Option(None, "--screenshot-format", help="png or jpeg.")),
     ("jpeg_quality", int | None, typer.Option(None, "--jpeg-quality", help="1-100, with jpeg screenshots.")),
-    ("full_page", bool | None, typer.Option(None, "--full-page/--no-full-page", help="Whole-page screenshot.")),
+    ("full_page", bool | None, typer.Option(
+        None, "--full-page/--no-full-page",
+        help="Whole-page screenshot (capped at worker.max_screenshot_height) instead of the viewport; 3–4× the cost.")),
     ("har_content", str | None, typer.Option(None, "--har-content", help="omit or embed response bodies.")),
     ("wait_until", str | None, typer.Option(None, "--wait-until",
                                             help="load, domcontentloaded, networkidle, commit.")),

@@ -73,8 +73,12 @@ class ScreenshotOptions(_Model):
     format: Literal["png", "jpeg"] = "png"
     quality: int | None = Field(None, ge=1, le=100)
     """JPEG quality; only with ``format: jpeg``."""
-    full_page: bool = True
-    """Capture the whole page (cut at the worker's ``max_screenshot_height``)."""
+    full_page: bool = False
+    """Capture the whole page (cut at the worker's ``max_screenshot_height``) instead of the viewport.
+    Off by default, as in Crawlee and Browsertrix: a full-page PNG costs 3–4× a viewport one."""
+
+
+SCREENSHOT_EXTENTS = ("viewport", "full")
 
 
 class TaskOptions(_Model):
@@ -82,6 +86,7 @@ class TaskOptions(_Model):
 
     artifacts: tuple[ArtifactKind, ...] = DEFAULT_ARTIFACTS
     screenshot: ScreenshotOptions = ScreenshotOptions()
+    """Also written ``"full"`` or ``"viewport"`` for the default format with that extent."""
     har_content: Literal["omit", "embed"] = "omit"
     """HAR response bodies: ``omit`` (headers and timings only) or ``embed`` (base64 in the HAR)."""
     wait_until: WaitUntil = "load"
@@ -103,6 +108,16 @@ class TaskOptions(_Model):
     session: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     """A session name: its cookies and storage persist across its tasks (the worker's sessions file
     says how it logs in), isolated from other sessions and from session-less tasks."""
+
+    @field_validator("screenshot", mode="before")
+    @classmethod
+    def _screenshot_shorthand(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value not in SCREENSHOT_EXTENTS:
+                raise ValueError(f"screenshot {value!r}: write \"viewport\", \"full\" or an object "
+                                 "({\"format\": …, \"quality\": …, \"full_page\": …})")
+            return {"full_page": value == "full"}
+        return value
 
     @field_validator("proxy")
     @classmethod

@@ -23,6 +23,7 @@ import orjson
 from playwright.async_api import Page, Request, ResourceTiming, Response
 
 from busscrape import __version__
+from busscrape.worker.bodies import ResponseBodies
 
 _TEXTUAL = ("text/", "application/json", "application/javascript", "application/xml", "image/svg+xml",
             "application/x-javascript", "application/ld+json")
@@ -78,8 +79,10 @@ class HarRecorder:
     """Collects one page's requests; ``build()`` returns the HAR as bytes."""
 
     def __init__(self, page: Page, *, embed_bodies: bool, max_body_bytes: int = 20 * 1024 * 1024,
-                 max_total_bytes: int = 100 * 1024 * 1024, mask_cookies: bool = False) -> None:
+                 max_total_bytes: int = 100 * 1024 * 1024, mask_cookies: bool = False,
+                 bodies: ResponseBodies | None = None) -> None:
         self.embed_bodies = embed_bodies
+        self.bodies = bodies or ResponseBodies(readers=1)
         self.masked = masked_headers(mask_cookies)
         self.max_body_bytes = max_body_bytes
         self.max_total_bytes = max_total_bytes
@@ -182,13 +185,19 @@ class HarRecorder:
             self._bodies.append(asyncio.ensure_future(self._embed(entry, response)))
 
     async def _embed(self, entry: dict[str, Any], response: Response) -> None:
+        try:
+            await self._embed_body(entry, response)
+        finally:
+            self.bodies.done(response)
+
+    async def _embed_body(self, entry: dict[str, Any], response: Response) -> None:
         content = entry["response"]["content"]
         length = response.headers.get("content-length", "")
         if length.isdigit() and not self._room(int(length)):
             content["comment"] = NOT_EMBEDDED  # not even fetched from the browser
             return
         try:
-            body = await response.body()
+            body = await self.bodies.read(response)
         except Exception:
             return
         content["size"] = entry["response"]["bodySize"] = len(body)

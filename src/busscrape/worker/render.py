@@ -36,6 +36,7 @@ from busscrape.net.proxies import Proxies
 from busscrape.net.upstream import Upstream
 from busscrape.settings import WorkerSettings
 from busscrape.telemetry import tracing
+from busscrape.worker.bodies import ResponseBodies
 from busscrape.worker.browser.compat import listen, storage_state
 from busscrape.worker.browser.pool import BrowserPool
 from busscrape.worker.browser.tabs import Tab
@@ -269,15 +270,18 @@ class Renderer:
         watch.on("requestfailed", on_failed)
         watch.on("response", check_size)
         mask_cookies = opts.session is not None and self.settings.archive_session_cookies == "masked"
+        embed = "har" in opts.artifacts and opts.har_content == "embed"
+        # The HAR's embedded bodies and the WARC share one fetch of each body from the browser.
+        bodies = ResponseBodies(readers=embed + ("warc" in opts.artifacts))
         if "har" in opts.artifacts:
-            watch.har = HarRecorder(page, embed_bodies=opts.har_content == "embed",
-                                    max_total_bytes=self.settings.max_har_bytes, mask_cookies=mask_cookies)
+            watch.har = HarRecorder(page, embed_bodies=embed, max_total_bytes=self.settings.max_har_bytes,
+                                    mask_cookies=mask_cookies, bodies=bodies)
             watch.listeners.extend(watch.har.listeners())
         if "warc" in opts.artifacts:
             watch.warc = WarcRecorder(page, max_body_bytes=self.settings.max_warc_body_bytes,
                                       max_total_bytes=self.settings.max_warc_bytes,
                                       payloads=self.payloads if self.settings.warc_revisits == "worker" else None,
-                                      browser_version=self.pool.version, mask_cookies=mask_cookies)
+                                      browser_version=self.pool.version, mask_cookies=mask_cookies, bodies=bodies)
             watch.listeners.extend(watch.warc.listeners())
         return watch
 

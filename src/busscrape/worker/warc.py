@@ -53,6 +53,7 @@ from warcio.warcwriter import WARCWriter
 
 from busscrape import __version__
 from busscrape.model import bounds
+from busscrape.worker.bodies import ResponseBodies
 from busscrape.worker.browser.compat import listen
 from busscrape.worker.har import MASKED, masked_headers, wire_headers
 
@@ -158,8 +159,10 @@ class WarcRecorder:
     """Records one page's traffic as WARC records into a temporary file; ``finish()`` returns it."""
 
     def __init__(self, page: Page, *, max_body_bytes: int, max_total_bytes: int,
-                 payloads: PayloadIndex | None = None, browser_version: str = "", mask_cookies: bool = False) -> None:
+                 payloads: PayloadIndex | None = None, browser_version: str = "", mask_cookies: bool = False,
+                 bodies: ResponseBodies | None = None) -> None:
         self.max_body_bytes = max_body_bytes
+        self.bodies = bodies or ResponseBodies(readers=1)
         self.masked = masked_headers(mask_cookies)
         self.max_total_bytes = max_total_bytes
         self.payloads = payloads if payloads is not None else PayloadIndex()
@@ -249,6 +252,8 @@ class WarcRecorder:
             await self._store(response, body, truncated, why)
         except Exception as exc:  # a page closed under us, a response gone: a note, never a crash
             self.note(response.url, f"not recorded: {type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            self.bodies.done(response)
 
     async def _body(self, response: Response, truncated: str | None, why: str) -> tuple[bytes, str | None, str]:
         """The body as far as it is kept, why it is cut (a WARC-Truncated reason), the note."""
@@ -266,7 +271,7 @@ class WarcRecorder:
             self.reserved -= room
             return b"", "length", f"body of {size} bytes over the limit (max_warc_body_bytes, max_warc_bytes)"
         try:
-            body = await response.body()
+            body = await self.bodies.read(response)
         except Exception as exc:
             self.reserved -= room
             return b"", "unspecified", f"body unavailable: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}"
