@@ -24,6 +24,7 @@ from busscrape.status.records import StatusBoard
 from busscrape.worker.daemon import Worker
 from tests.conftest import make_settings
 from tests.support.bus import count, enqueue, wait_until
+from tests.support.chromium import launched
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -60,16 +61,8 @@ async def fleet(bus, s) -> AsyncIterator[ApiServer]:
 
 @pytest.fixture
 async def browser():
-    from playwright.async_api import async_playwright
-
-    from busscrape.settings import BrowserSettings
-    from busscrape.worker.browser.chromium import find_chromium, launch_args
-
-    async with async_playwright() as playwright:
-        chromium = await playwright.chromium.launch(executable_path=find_chromium(BrowserSettings()).path,
-                                                    args=launch_args(BrowserSettings()))
+    async with launched() as chromium:
         yield chromium
-        await chromium.close()
 
 
 async def logged_in(browser, api: ApiServer) -> Any:

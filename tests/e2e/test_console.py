@@ -18,6 +18,7 @@ import pytest
 
 from tests.e2e.test_run import run_env
 from tests.support import pages
+from tests.support.chromium import launched
 from tests.support.net import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -50,18 +51,8 @@ async def serving(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: f
 
 @contextlib.asynccontextmanager
 async def chromium_page() -> AsyncIterator[object]:
-    from playwright.async_api import async_playwright
-
-    from busscrape.settings import BrowserSettings
-    from busscrape.worker.browser.chromium import find_chromium, launch_args
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=find_chromium(BrowserSettings()).path,
-                                                   args=launch_args(BrowserSettings()))
-        try:
-            yield await browser.new_page()
-        finally:
-            await browser.close()
+    async with launched() as browser:
+        yield await browser.new_page()
 
 
 def figure(text: str) -> int | None:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+import orjson
 from aiohttp import web
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
@@ -64,6 +65,13 @@ def when(moment: datetime | str | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def value(v: object) -> str:
+    """A record's value as text: scalars as they are, lists and objects as JSON."""
+    if isinstance(v, (dict, list, tuple)):
+        return orjson.dumps(v, default=str).decode()
+    return "" if v is None else str(v)
+
+
 def number(n: int | float | None) -> str:
     if n is None:
         return "—"
@@ -75,7 +83,7 @@ def environment() -> Environment:
     env = Environment(loader=PackageLoader("busscrape.api.console", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, enable_async=False)
-    env.filters.update(web_href=web_href, snippet=snippet, size=size, when=when, number=number)
+    env.filters.update(web_href=web_href, snippet=snippet, size=size, when=when, number=number, value=value)
     env.globals["nav"] = NAV
     return env
 

@@ -14,6 +14,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from multidict import MultiDict
 from pydantic import ValidationError
 
 from busscrape.api.console.folders import DOWNLOADS, Folders
@@ -88,10 +89,11 @@ class Views:
             return {"series": {}, "peak": 0.0, "width": width, "height": height, "seconds": 0}
         start, end = points[0][0], points[-1][0]
         span = max(end - start, 1.0)
-        peak = max(max(r.values()) for _, r in points) or 1.0
+        peak = max(max(r.values()) for _, r in points)
+        scale = peak or 1.0  # all zero: a flat line at the bottom
         series = {}
         for stream in points[0][1]:
-            series[stream] = " ".join(f"{(t - start) / span * width:.1f},{height - r[stream] / peak * height:.1f}"
+            series[stream] = " ".join(f"{(t - start) / span * width:.1f},{height - r[stream] / scale * height:.1f}"
                                       for t, r in points)
         return {"series": series, "peak": peak, "width": width, "height": height, "seconds": round(span)}
 
@@ -124,7 +126,9 @@ class Views:
         planned = progress.max_pages
         done = progress.archived + progress.dead
         total = max(planned or 0, progress.budget_used, done, 1)
-        return page("crawl.html", crawl=progress, percent=round(100 * done / total), live=True, **request[CONTEXT])
+        columns = [k for k, v in progress.links.items() if v or k in ("discovered", "queued")]
+        return page("crawl.html", crawl=progress, columns=columns, percent=round(100 * done / total), live=True,
+                    **request[CONTEXT])
 
     async def start_crawl(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
@@ -154,10 +158,9 @@ class Views:
         hits: list[dict[str, Any]] | None = None
         error = None
         if asked["q"]:
-            params: dict[str, Any] = {"q": asked["q"], "limit": str(SEARCH_LIMIT)}
+            limit = min(SEARCH_LIMIT, self.server.settings.api.max_search_results)
+            params: dict[str, Any] = {"q": asked["q"], "limit": str(limit)}
             params.update({k: asked[k] for k in ("host", "since") if asked[k]})
-            from multidict import MultiDict
-
             query = MultiDict(params)
             for condition in lines(asked["where"].replace(",", "\n")):
                 query.add("where", condition)
