@@ -216,9 +216,14 @@ async def test_without_the_token_every_page_and_action_is_refused(applied, fleet
                     async with http.post(path, data={"seeds": "http://x/", "reason": "x"},
                                          allow_redirects=False) as r:
                         assert r.status == 401, (path, headers, r.status)
-        async with aiohttp.ClientSession(base_url=api.url) as http, \
-                http.post("/console/login", data={"token": "wrong"}, allow_redirects=False) as r:
-            assert r.status == 401 and "Set-Cookie" not in r.headers
+        async with aiohttp.ClientSession(base_url=api.url) as http:
+            async with http.post("/console/login", data={"token": "wrong"}, allow_redirects=False) as r:
+                assert r.status == 401 and "Set-Cookie" not in r.headers
+            # The login goes back to a console page, never to another site.
+            for elsewhere in ("//127.0.0.9/", "http://127.0.0.9/", "/\\127.0.0.9/", "/healthz"):
+                async with http.post("/console/login", data={"token": TOKEN, "next": elsewhere},
+                                     allow_redirects=False) as r:
+                    assert (r.status, r.headers["Location"]) == (303, "/"), elsewhere
 
         # Logged in through the form: an HttpOnly, SameSite=Strict cookie, not the token.
         page = await logged_in(browser, api)
