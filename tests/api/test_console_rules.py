@@ -3,6 +3,9 @@ targets are taken, which Host headers are loopback."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from busscrape.api.console.folders import folder_key
@@ -50,3 +53,11 @@ def test_anything_else_is_refused_as_a_folder(key):
     ("attacker.example:8080", False), ("127.0.0.1.nip.io:8080", False), ("", False), ("10.0.0.1:80", False)])
 def test_loopback_host_headers(host, loopback):
     assert loopback_host(host) is loopback
+
+
+def test_busscrape_help_imports_neither_jinja_nor_the_console():
+    code = ("import runpy, sys\nsys.argv = ['busscrape', '--help']\ntry:\n"
+            "    runpy.run_module('busscrape', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('loaded:', sorted(m for m in ('jinja2', 'busscrape.api.console') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "loaded: []", done.stdout[-2000:] + done.stderr[-2000:]

@@ -26,7 +26,7 @@ REPLAY_MAX = 10_000  # letters one "replay all of a reason" takes; the next clic
 
 
 def _seq(text: str) -> int:
-    if not text.isdigit() or len(text) > 19:
+    if not text.isdigit() or len(text) > 18:  # JetStream sequences are 64-bit
         raise Refused(400, f"not a dead letter's sequence: {text[:40]!r}")
     return int(text)
 
