@@ -62,7 +62,7 @@ def figure(text: str) -> int | None:
 
 async def test_the_console_shows_a_runs_counts_moving_and_reaching_its_summary(tmp_path, site):
     pages.install(site)
-    urls = [site.url(f"/slow?s=1&n={i}") for i in range(10)] + [site.url(f"/missing-{i}") for i in range(2)]
+    urls = [site.url(f"/slow?s=2&n={i}") for i in range(10)] + [site.url(f"/missing-{i}") for i in range(2)]
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     env = run_env(tmp_path, site)
     runner = subprocess.Popen([sys.executable, "-m", "busscrape", "run", "urls.txt", "--workers", "1", "--json"],
