@@ -128,6 +128,9 @@ async def test_a_crawl_started_from_the_form_runs(bus, fleet_settings, site, bro
         # The page refreshes itself (console.js) until the crawl's four pages are archived.
         await expect(page.locator("#crawl-archived")).to_have_text("4", timeout=120_000)
         assert await page.locator("#crawl-percent").inner_text() == "100%"
+        # By depth: the seed archived at depth 0, its three links at depth 1 (theirs at 2: none).
+        rows = await page.locator("#by-depth tbody tr").all_inner_texts()
+        assert [r.split("\t")[0] + ":" + r.split("\t")[-2] for r in rows] == ["0:1", "1:3", "2:0", "all:4"], rows
         assert await page.evaluate("document.body.dataset.refreshed") is not None
         await page.context.close()
 
