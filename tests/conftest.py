@@ -32,6 +32,7 @@ from busscrape.bus import provision, topology
 from busscrape.bus.connection import Bus
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
+from tests.support.chromium import launched
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import skip_reason as postgres_skip_reason
 from tests.support.postgres import unavailable as postgres_unavailable
@@ -127,16 +128,8 @@ def site() -> Iterator[Site]:
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def chromium() -> AsyncIterator[Browser]:
     """Launched once per test process (per xdist worker) instead of once per test."""
-    from playwright.async_api import async_playwright
-
-    from busscrape.settings import BrowserSettings
-    from busscrape.worker.browser.chromium import find_chromium, launch_args
-
-    binary = find_chromium(BrowserSettings())
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=binary.path, args=launch_args(BrowserSettings()))
+    async with launched() as browser:
         yield browser
-        await browser.close()
 
 
 @pytest.fixture(scope="session")

@@ -129,6 +129,8 @@ class CrawlProgress(BaseModel):
     not_followed: dict[str, int]
     archived: int
     dead: int
+    done_by_depth: dict[int, dict[str, int]] = {}
+    """Queued pages ``archived`` and ``dead``, by the depth they were queued at."""
     budget_used: int
     skipped: list[dict[str, str]]
     seeds_redirected: dict[str, str] = {}

@@ -28,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
 from aiohttp import web
+from multidict import MultiMapping
 from pydantic import BaseModel, ValidationError
 
 from busscrape.api.schema import (
@@ -65,6 +66,7 @@ from busscrape.settings import Settings
 from busscrape.status.history import TASK_ID, HistoryReader, TaskHistory
 
 if TYPE_CHECKING:
+    from busscrape.api.console import Console
     from busscrape.crawl.spec import CrawlSpec
 
 log = structlog.get_logger("busscrape.api")
@@ -72,6 +74,11 @@ log = structlog.get_logger("busscrape.api")
 SHUTDOWN_GRACE = 5.0
 MAX_REQUEST_LINE = 256 * 1024
 OPEN = frozenset({"/healthz", "/openapi.json"})  # served without a token
+
+
+def owns(path: str) -> bool:
+    """Whether a path is the web console's (``busscrape.api.console``: its own auth and error pages)."""
+    return path == "/" or path.startswith("/console/")
 _INTEGER = re.compile(r"^-?[0-9]{1,9}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -118,7 +125,7 @@ class ApiServer:
         self.port = settings.api.port
         self.history = HistoryReader(bus.js)
         self.document = openapi_document(settings)
-        self._token = settings.api.token.get_secret_value().encode() if settings.api.token else None
+        self.token = settings.api.token.get_secret_value().encode() if settings.api.token else None
         self._index: SearchIndex | None = None
         self._index_lock = asyncio.Lock()
         self._runner: web.AppRunner | None = None
@@ -126,6 +133,7 @@ class ApiServer:
         self._entered = False
         self._seeding: set[asyncio.Future[None]] = set()
         """Crawls whose seeds are being read from their sitemaps (``_seed_later``)."""
+        self._console: Console | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -147,6 +155,10 @@ class ApiServer:
         app.router.add_get("/search", self.search)
         app.router.add_get("/healthz", self.health)
         app.router.add_get("/openapi.json", self.openapi)
+        from busscrape.api.console import Console
+
+        self._console = Console(self)
+        self._console.install(app)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -157,7 +169,7 @@ class ApiServer:
             raise ConfigurationError(f"cannot listen on {self.host}:{self.port} ({exc.strerror or exc}); choose "
                                      "another with --host/--port or BUSSCRAPE_API__HOST/__PORT") from None
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        log.info("api.listening", host=self.host, port=self.port, auth=self._token is not None,
+        log.info("api.listening", host=self.host, port=self.port, auth=self.token is not None,
                  search=self.settings.search.backend)
         return self
 
@@ -167,6 +179,8 @@ class ApiServer:
         await asyncio.gather(*self._seeding, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._console is not None:
+            await self._console.close()
         if self._index is not None:
             await self._index.close()
         log.info("api.stopped")
@@ -188,6 +202,8 @@ class ApiServer:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every failure as a JSON error, keeping what HTTP needs (``Allow`` on 405)."""
+        if owns(request.path):  # the console answers its own failures with pages
+            return await handler(request)
         try:
             return await handler(request)
         except ApiError as exc:
@@ -204,7 +220,7 @@ class ApiServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self._token is None or request.path in OPEN:
+        if self.token is None or request.path in OPEN or owns(request.path):  # the console checks its own
             return await handler(request)
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         given = given.lstrip(" ")  # RFC 6750: "Bearer" 1*SP token; nothing else is trimmed
@@ -212,7 +228,7 @@ class ApiServer:
             raise ApiError(401, "unauthorized", "this API wants `Authorization: Bearer <token>`",
                            headers={"WWW-Authenticate": 'Bearer realm="busscrape"'})
         # aiohttp keeps bytes that are not UTF-8 as surrogates: compare the bytes as received.
-        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self._token):
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token):
             raise ApiError(401, "invalid_token", "the bearer token is not the API's",
                            headers={"WWW-Authenticate": 'Bearer realm="busscrape", error="invalid_token"'})
         return await handler(request)
@@ -255,18 +271,25 @@ class ApiServer:
     # -- crawls -------------------------------------------------------------------------------
 
     async def create_crawl(self, request: web.Request) -> web.Response:
-        from busscrape.crawl.progress import unseeded
-        from busscrape.crawl.run import make_spec, seeding_needed, start_crawl
-
         body = await self._json_body(request)
         try:
             wanted = CrawlRequest.model_validate(body)
+        except ValidationError as exc:
+            raise ApiError(400, "invalid_request", describe_validation_error(exc)) from None
+        return reply(await self.start_crawl(wanted), 202)
+
+    async def start_crawl(self, wanted: CrawlRequest) -> CrawlStarted:
+        """Start (or resume) the crawl ``wanted`` asks for: ``POST /crawls`` and the console's form."""
+        from busscrape.crawl.progress import unseeded
+        from busscrape.crawl.run import make_spec, seeding_needed, start_crawl
+
+        try:
             spec = make_spec(self.settings, wanted.seeds, **wanted.model_dump(exclude={"seeds"}))
             if await seeding_needed(self.bus, self.settings, spec):
                 # Reading a site's sitemaps may take minutes: not inside the request.
                 self._seed_later(spec)
                 log.info("api.crawl", crawl_id=spec.crawl_id, seeding=True)
-                return reply(CrawlStarted(crawl_id=spec.crawl_id, seeds={}, seeding=True), 202)
+                return CrawlStarted(crawl_id=spec.crawl_id, seeds={}, seeding=True)
             seeded = await start_crawl(self.bus, self.settings, spec)
         except ValidationError as exc:
             raise ApiError(400, "invalid_request", describe_validation_error(exc)) from None
@@ -281,7 +304,7 @@ class ApiServer:
         nothing = unseeded(len(seeded.get("queued") or ()), seeded.get("skipped") or [])
         if nothing is not None:  # stored all the same: the same request once the policy allows resumes it
             raise ApiError(422, "crawl_seed_skipped", f"crawl {spec.crawl_id}: {nothing[1]}")
-        return reply(CrawlStarted(crawl_id=spec.crawl_id, seeds=seeded.get("counts", {})), 202)
+        return CrawlStarted(crawl_id=spec.crawl_id, seeds=seeded.get("counts", {}))
 
     def _seed_later(self, spec: CrawlSpec) -> None:
         """Queue a crawl's seeds from its sitemaps after the answer; a failure is logged, and the
@@ -301,17 +324,20 @@ class ApiServer:
         job.add_done_callback(self._seeding.discard)
 
     async def get_crawl(self, request: web.Request) -> web.Response:
+        return reply(await self.crawl_progress(request.match_info["crawl_id"]))
+
+    async def crawl_progress(self, crawl_id: str) -> CrawlProgress:
+        """``GET /crawls/{crawl_id}`` and the console's crawl page."""
         from busscrape.crawl.run import crawl_status
         from busscrape.crawl.spec import CRAWL_ID
 
-        crawl_id = request.match_info["crawl_id"]
         if not CRAWL_ID.fullmatch(crawl_id):
             raise ApiError(400, "invalid_crawl_id", "a crawl id is 16 lower-case hex characters")
         with unavailable_as_503("CRAWLS"):
             summary = await crawl_status(self.bus, crawl_id)
         if summary is None:
             raise ApiError(404, "not_found", f"no crawl {crawl_id}")
-        return reply(CrawlProgress(**summary.as_dict()))
+        return CrawlProgress(**summary.as_dict())
 
     async def _json_body(self, request: web.Request) -> Any:
         limit = self.settings.api.max_body_bytes
@@ -330,7 +356,7 @@ class ApiServer:
         task_id = request.match_info["task_id"]
         if not TASK_ID.match(task_id):
             raise ApiError(400, "invalid_task_id", "a task id is 32 lower-case hex characters")
-        return reply(await self._history(task_id, task_id))
+        return reply(await self.task_history(task_id, task_id))
 
     async def find_task(self, request: web.Request) -> web.Response:
         url = request.query.get("url")
@@ -342,9 +368,9 @@ class ApiServer:
             task_id = task_id_for_url(url, self.settings)
         except InputError as exc:
             raise ApiError(400, exc.reason, exc.message) from None
-        return reply(await self._history(task_id, url))
+        return reply(await self.task_history(task_id, url))
 
-    async def _history(self, task_id: str, asked: str) -> TaskHistory:
+    async def task_history(self, task_id: str, asked: str) -> TaskHistory:
         with unavailable_as_503("STATUS or SEEN"):
             found = await self.history.read(task_id)
         if found is None:
@@ -354,25 +380,29 @@ class ApiServer:
     # -- search -------------------------------------------------------------------------------
 
     async def search(self, request: web.Request) -> web.Response:
-        q = request.query
+        return reply(await self.find(request.query))
+
+    async def find(self, q: Mapping[str, str] | MultiMapping[str]) -> SearchResults:
+        """``GET /search`` and the console's page search: ``q`` holds the query parameters."""
         limit_text = q.get("limit", "10")
         if not _INTEGER.match(limit_text):
             raise ApiError(400, "invalid_query", f"limit must be an integer, not {limit_text!r}")
         for name, longest in (("host", MAX_HOST_PARAM), ("since", MAX_SINCE_PARAM)):
             if len(q.get(name, "")) > longest:
                 raise ApiError(400, "invalid_query", f"{name} is longer than {longest} characters")
+        where = q.getall("where", []) if isinstance(q, MultiMapping) else []
         try:
             query = SearchQuery.parse(q.get("q", ""), host=q.get("host"),
                                       since=parse_since(q["since"]) if "since" in q else None,
                                       limit=int(limit_text), max_limit=self.settings.api.max_search_results,
-                                      where=q.getall("where", []))
+                                      where=where)
             index = await self._search_index()
             hits = await index.search(query)
         except InvalidQuery as exc:
             raise ApiError(400, exc.reason, exc.message) from None
         except (SearchUnavailable, ConfigurationError) as exc:
             raise ApiError(503, exc.reason, exc.message) from None
-        return reply(SearchResults(query=query.text, backend=index.backend, results=hits))
+        return SearchResults(query=query.text, backend=index.backend, results=hits)
 
     async def _search_index(self) -> SearchIndex:
         """The index, opened on first use (and again after a failed open)."""

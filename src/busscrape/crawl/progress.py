@@ -37,6 +37,8 @@ class CrawlSummary:
     """Pages whose links were not followed, by why (``depth``, ``not_html``, ``redirected_out_of_scope``)."""
     archived: int = 0
     dead: int = 0
+    done_by_depth: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Queued pages ``archived`` and ``dead``, by the depth they were queued at."""
     budget_used: int = 0
     """Pages queued (with ``max_pages``: slots of the budget taken)."""
     max_pages: int | None = None
@@ -54,6 +56,11 @@ class CrawlSummary:
         return asdict(self)
 
 
+def link_depth(record: dict[str, Any]) -> int:
+    """The depth of the links a page record lists (the seeds' record: 0; a page's: its depth + 1)."""
+    return int(record.get("link_depth", record.get("depth", 0) + 1))
+
+
 def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
     total: Counter[str] = Counter({k: 0 for k in OUTCOMES})
     depths: dict[int, Counter[str]] = {}
@@ -68,8 +75,7 @@ def summarise(crawl_id: str, pages: dict[str, dict[str, Any]]) -> CrawlSummary:
             redirected[record["url"]] = record["seed_redirected_to"]
         counts = record.get("counts") or {}
         total.update(counts)
-        depth = record.get("link_depth", record.get("depth", 0) + 1)
-        depths.setdefault(depth, Counter()).update(counts)
+        depths.setdefault(link_depth(record), Counter()).update(counts)
         if record.get("not_followed"):
             not_followed[record["not_followed"]] += 1
         skipped.extend(record.get("skipped") or ())

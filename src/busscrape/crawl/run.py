@@ -43,7 +43,7 @@ def make_spec(settings: Settings, seeds: list[str] | tuple[str, ...], **fields: 
 
 async def crawl_status(bus: Bus, crawl_id: str) -> CrawlSummary | None:
     """The summary of a crawl as CRAWLS and STATUS have it now (None: no such crawl)."""
-    from busscrape.crawl.progress import count_budget, summarise
+    from busscrape.crawl.progress import count_budget, link_depth, summarise
     from busscrape.status.records import StatusBoard
 
     state = CrawlState(bus.js)
@@ -55,11 +55,17 @@ async def crawl_status(bus: Bus, crawl_id: str) -> CrawlSummary | None:
     summary = summarise(crawl_id, pages)
     await count_budget(state, summary)
     board = StatusBoard(bus.js)
-    for task_id in (t for record in pages.values() for t in record.get("queued") or ()):
-        latest = await board.latest(task_id)
-        outcome = latest[0].state if latest is not None else None
-        summary.archived += outcome == "archived"
-        summary.dead += outcome == "dead"
+    for key, record in pages.items():
+        # A part (``<page>.<n>``) holds more of its head's queued ids: they are at the head's depth.
+        head = pages.get(key.rsplit(".", 1)[0], record) if "part" in record else record
+        for task_id in record.get("queued") or ():
+            latest = await board.latest(task_id)
+            outcome = latest[0].state if latest is not None else None
+            if outcome in ("archived", "dead"):
+                summary.archived += outcome == "archived"
+                summary.dead += outcome == "dead"
+                done = summary.done_by_depth.setdefault(link_depth(head), {"archived": 0, "dead": 0})
+                done[outcome] += 1
     return summary
 
 

@@ -1,0 +1,112 @@
+"""The console of a real ``busscrape run`` (embedded NATS, its own workers and ingester), read by
+``busscrape api`` on the run's state dir in a real Chromium: while the run goes, and after it ended
+(the API then reopens the run's store, as ``status`` and ``dlq`` do)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.e2e.test_run import run_env
+from tests.support import pages
+from tests.support.chromium import launched
+from tests.support.net import free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@contextlib.contextmanager
+def api_process(tmp_path: Path, env: dict[str, str], port: int, log: str) -> Iterator[subprocess.Popen[bytes]]:
+    with (tmp_path / log).open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "busscrape", "api", "--port", str(port)], cwd=tmp_path,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def serving(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(url + "/healthz") as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"the API did not answer within {timeout}s: {log.read_text()[-3000:]}")
+
+
+@contextlib.asynccontextmanager
+async def chromium_page() -> AsyncIterator[object]:
+    async with launched() as browser:
+        yield await browser.new_page()
+
+
+def figure(text: str) -> int | None:
+    digits = text.strip().replace(",", "")
+    return int(digits) if digits.isdigit() else None
+
+
+async def test_the_console_shows_a_runs_counts_moving_and_reaching_its_summary(tmp_path, site):
+    pages.install(site)
+    urls = [site.url(f"/slow?s=2&n={i}") for i in range(10)] + [site.url(f"/missing-{i}") for i in range(2)]
+    (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
+    env = run_env(tmp_path, site)
+    runner = subprocess.Popen([sys.executable, "-m", "busscrape", "run", "urls.txt", "--workers", "1", "--json"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        ports = tmp_path / "state" / "nats" / "ports"
+        deadline = time.monotonic() + 120
+        while not list(ports.glob("*.ports")) and time.monotonic() < deadline:  # the run's server is up
+            assert runner.poll() is None
+            await asyncio.sleep(0.2)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        seen: list[tuple[int | None, int | None]] = []
+        with api_process(tmp_path, env, port, "api-live.log") as api:
+            await serving(url, api, tmp_path / "api-live.log")
+            async with chromium_page() as page:
+                response = await page.goto(url + "/")
+                assert response.status == 200
+                while runner.poll() is None:  # the page refreshes itself; read what it shows
+                    seen.append((figure(await page.locator("#total-archived").inner_text()),
+                                 figure(await page.locator("#total-dead").inner_text())))
+                    await asyncio.sleep(0.3)
+        output, _ = await asyncio.to_thread(runner.communicate, timeout=240)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert runner.returncode == 0, output[-3000:]
+    summary = json.loads(output)
+    assert (summary["archived"], summary["dead"]) == (10, 2)
+    archived = [a for a, _ in seen if a is not None]
+    # Moving: the archived count was seen below the summary's and then higher again.
+    assert len(set(archived)) >= 2 and min(archived) < summary["archived"], seen
+
+    # The run has ended and stopped its server: `busscrape api` on its state dir reopens its store.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with api_process(tmp_path, env, port, "api-after.log") as api:
+        await serving(url, api, tmp_path / "api-after.log")
+        async with chromium_page() as page:
+            await page.goto(url + "/")
+            assert figure(await page.locator("#total-archived").inner_text()) == summary["archived"]
+            assert figure(await page.locator("#total-dead").inner_text()) == summary["dead"]
+            await page.goto(url + "/console/deadletters")
+            text = await page.locator("table.letters").inner_text()
+            assert all(site.url(f"/missing-{i}") in text for i in range(2))
