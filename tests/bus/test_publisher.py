@@ -119,7 +119,7 @@ async def test_an_outage_longer_than_the_retries_is_waited_out_within_outage_wai
     outcomes = []
     async with Publisher(bus.nc, retries=1, backoff=0.05, max_backoff=0.1, outage_wait=120) as pub:
         publication = await pub.submit("late.x", b"x", None, outcomes.append)
-        while publication.attempts < 4 and not publication.done:
+        while publication.attempts < 4 and not publication.done:  # noqa: ASYNC110 - polls the publisher
             await asyncio.sleep(0.02)
         assert not publication.done, f"given up during the outage: {publication.error}"
         await bus.js.add_stream(api.StreamConfig(name="LATE", subjects=["late.>"]))
