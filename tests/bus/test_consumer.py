@@ -122,3 +122,56 @@ async def test_missing_consumer_is_a_fix_it_error(bus):
     with pytest.raises(StreamsMissing, match="streams apply"):
         async with Recorder(bus, concurrency=1) as svc:
             await svc.run()
+
+
+class ReplyAtCancel(asyncio.Task):
+    """A task whose awaited reply arrives in the loop iteration its cancel does: on Python 3.11
+    ``asyncio.wait_for`` (nats-py awaits every reply that way) then returns the reply and the
+    cancel is lost (cpython gh-86296)."""
+
+    reply: asyncio.Future[None] | None = None
+
+    def cancel(self, msg=None) -> bool:
+        if self.reply is not None and not self.reply.done():
+            self.reply.set_result(None)
+        return super().cancel(msg)
+
+
+class Requester(Recorder):
+    """A service with a background loop of requests (as the consumer-lag poll is)."""
+
+    def __init__(self, bus, **kw):
+        super().__init__(bus, **kw)
+        self.looping: ReplyAtCancel | None = None
+        self.lost = asyncio.Event()
+
+    async def background(self):
+        self.looping = ReplyAtCancel(self._requests())
+        return [self.looping]
+
+    async def _requests(self) -> None:
+        while not self.lost.is_set():
+            assert self.looping is not None
+            self.looping.reply = asyncio.get_running_loop().create_future()
+            await asyncio.wait_for(self.looping.reply, 30)
+            if self.looping.cancelling():
+                self.lost.set()  # the cancel was lost, and the loop goes on
+                await asyncio.sleep(3600)
+
+
+async def test_a_stop_ends_the_service_even_when_a_loops_cancel_is_lost(applied, monkeypatch):
+    monkeypatch.setattr("busscrape.bus.consumer.STOP_GRACE", 0.5)
+    svc = Requester(applied, concurrency=1, grace_period=0.1)
+    async with svc:
+        running = asyncio.create_task(svc.run())
+        await wait_until(lambda: asyncio.sleep(0, svc.looping is not None), timeout=30)
+        svc.stop()
+        # A liveness check, not a speed one: before, run() waited for the loop for ever.
+        done, _ = await asyncio.wait({running}, timeout=60)
+        assert done, "the service did not end: it waited on a loop whose cancel was lost"
+        running.result()
+    assert svc.lost.is_set()  # the cancel was lost indeed: what the bound is for
+    assert svc.looping is not None and not svc.looping.done()
+    svc.looping.reply = None
+    svc.looping.cancel()
+    await asyncio.gather(svc.looping, return_exceptions=True)

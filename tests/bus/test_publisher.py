@@ -113,6 +113,22 @@ async def test_a_stream_that_appears_during_the_retries_gets_the_message(bus):
     assert (ack.stream, ack.seq) == ("LATE", 1)
 
 
+async def test_an_outage_longer_than_the_retries_is_waited_out_within_outage_wait(bus):
+    # No stream answers (as while an R3 stream elects a leader after a node died) for longer than
+    # the retries last: within outage_wait the publish goes on trying and lands once one answers.
+    outcomes = []
+    async with Publisher(bus.nc, retries=1, backoff=0.05, max_backoff=0.1, outage_wait=120) as pub:
+        publication = await pub.submit("late.x", b"x", None, outcomes.append)
+        while publication.attempts < 4 and not publication.done:  # noqa: ASYNC110 - polls the publisher
+            await asyncio.sleep(0.02)
+        assert not publication.done, f"given up during the outage: {publication.error}"
+        await bus.js.add_stream(api.StreamConfig(name="LATE", subjects=["late.>"]))
+        await pub.wait()
+    (outcome,) = outcomes
+    assert outcome.error is None and (outcome.ack.stream, outcome.ack.seq) == ("LATE", 1)
+    assert outcome.attempts > 2
+
+
 async def test_closing_abandons_what_is_unconfirmed(applied):
     async def silent(msg):
         pass

@@ -1,19 +1,24 @@
 """A fleet of real busscrape processes on loopback, and the faults to throw at it.
 
 ``Fleet`` runs a nats-server (file storage) or a three-node cluster, an S3-protocol server behind
-a proxy, worker processes (through a relay that can withhold PubAcks, on one server) and an
-ingester process — all the real binaries and CLI — and knows how to kill and restart each of
-them, fill RESULTS up and lose PubAcks. ``Audit`` reads what the run left behind (the archive,
-DEADLETTER, TASKS, RESULTS, ARTIFACTS) and counts every task.
+a proxy, and either worker processes (through a relay that can withhold PubAcks, on one server)
+and an ingester process of its own, or ``busscrape run --with-daemons`` whose daemons they are
+(``start_run``: run supervises them, and replaces one that dies) — all the real binaries and
+CLI — and knows how to kill, freeze and restart each of them, fill RESULTS up and lose PubAcks.
+``Audit`` reads what the run left behind (the archive, DEADLETTER, TASKS, RESULTS, ARTIFACTS)
+and counts every task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import signal
 import subprocess
+import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +30,7 @@ from busscrape.artifacts.store import ArtifactStore
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.model.messages import DeadLetter, decode
+from busscrape.ops.lifeline import PidFiles
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
 from tests.support.bus import stream_messages
@@ -46,6 +52,8 @@ class Fleet:
     """Between the workers and nats-server (one server only): can withhold RESULTS PubAcks."""
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ingester: subprocess.Popen[bytes] | None = None
+    run: subprocess.Popen[bytes] | None = None
+    """``busscrape run --with-daemons`` (``start_run``): then the workers and the ingester are its children."""
     faults: Counter[str] = field(default_factory=Counter)
     rng: random.Random = field(default_factory=random.Random)
     """Every choice the faults make (which worker, how long): seeded, a schedule replays."""
@@ -74,28 +82,102 @@ class Fleet:
         self.ingester = spawn(["ingester"], {**self.env(), "BUSSCRAPE_INGESTER__NAME": "ingester"},
                               self.workdir / "ingester.log")
 
+    def start_run(self, args: list[str], workers: int) -> subprocess.Popen[bytes]:
+        """``busscrape run - --with-daemons`` reading its URLs from a pipe (``feed``, then
+        ``close_input``), its summary (``--json``) on stdout, its progress in ``run.log``."""
+        env = {**self.env(), "BUSSCRAPE_TELEMETRY__LOG_LEVEL": "info"}  # the daemons too: their logs tell the story
+        with open(self.workdir / "run.log", "ab") as err:
+            self.run = subprocess.Popen(
+                [sys.executable, "-m", "busscrape", "run", "-", "--with-daemons", "--workers", str(workers), "--json",
+                 *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+        return self.run
+
+    async def daemons_started(self, workers: int, timeout: float = 180) -> None:
+        """Until ``run`` has started its workers and its ingester (their pid files are there)."""
+        deadline = time.monotonic() + timeout
+        while len(self._names("worker")) < workers or not self._names("ingester"):
+            assert self.run is not None and self.run.poll() is None, f"busscrape run exited: {self.run_log()}"
+            assert time.monotonic() < deadline, f"busscrape run started no daemons in {timeout:.0f}s: {self.run_log()}"
+            await asyncio.sleep(0.5)
+
+    async def archiving(self, timeout: float = 300) -> None:
+        """Until ``run``'s ingester has archived a page (its browsers are up, pages render)."""
+        deadline = time.monotonic() + timeout
+        while not any('"result.archived"' in path.read_text(errors="replace")
+                      for path in self.log_dir.glob("ingester-*.log")):
+            assert self.run is not None and self.run.poll() is None, f"busscrape run exited: {self.run_log()}"
+            assert time.monotonic() < deadline, f"nothing archived in {timeout:.0f}s: {self.run_log()}"
+            await asyncio.sleep(0.5)
+
+    def run_log(self) -> str:
+        """The end of what ``run`` wrote to standard error (its progress and warnings)."""
+        return (self.workdir / "run.log").read_text(errors="replace")[-3000:]
+
+    def feed(self, lines: list[str]) -> None:
+        assert self.run is not None and self.run.stdin is not None
+        self.run.stdin.write("".join(lines).encode())
+        self.run.stdin.flush()
+
+    def close_input(self) -> None:
+        assert self.run is not None and self.run.stdin is not None
+        self.run.stdin.close()
+
+    @property
+    def log_dir(self) -> Path:
+        """Where the daemons write their logs (``run``'s go under its state dir)."""
+        return self.settings.state_dir / "logs" if self.run is not None else self.workdir
+
+    def _names(self, kind: str) -> list[str]:
+        if self.run is None:
+            return sorted(self.workers) if kind == "worker" else ["ingester"]
+        return sorted(path.stem for path in PidFiles(self.settings.state_dir).dir.glob(f"{kind}-*.json"))
+
+    def _pid(self, name: str) -> int:
+        if self.run is None:
+            proc = self.workers[name] if name in self.workers else self.ingester
+            assert proc is not None
+            return proc.pid
+        doc = json.loads((PidFiles(self.settings.state_dir).dir / f"{name}.json").read_bytes())
+        return int(doc["pid"])
+
+    async def _crash(self, name: str) -> None:
+        """SIGKILL one daemon. Ours is started again here; ``run``'s must be replaced by ``run``
+        itself (as an operator expects of the command that started it): waited for, up to 60 s."""
+        if self.run is None:
+            proc = self.workers[name] if name in self.workers else self.ingester
+            assert proc is not None
+            kill9(proc)
+            await asyncio.sleep(0.5)
+            self.start_worker(name) if name in self.workers else self.start_ingester()
+            return
+        pid = self._pid(name)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while self._pid(name) == pid:
+            assert time.monotonic() < deadline, f"busscrape run did not replace its {name} (SIGKILLed)"
+            await asyncio.sleep(0.2)
+        log.warning("fault.replaced_by_run", daemon=name, pid=self._pid(name))
+
     # -- faults -----------------------------------------------------------------------------
 
     async def kill_a_worker(self) -> None:
-        name = self.rng.choice(sorted(self.workers))
-        kill9(self.workers[name])
+        name = self.rng.choice(self._names("worker"))
         self.faults["worker_sigkill"] += 1
         log.warning("fault.worker_killed", worker=name)
-        await asyncio.sleep(0.5)
-        self.start_worker(name)
+        await self._crash(name)
 
     async def freeze_a_worker(self, seconds: float) -> None:
         """SIGSTOP a worker (its heartbeats stop: past ack_wait its tasks go to another), then
         SIGCONT it: it wakes up holding deliveries that are no longer its own."""
-        name = self.rng.choice(sorted(self.workers))
-        proc = self.workers[name]
-        proc.send_signal(signal.SIGSTOP)
+        name = self.rng.choice(self._names("worker"))
+        pid = self._pid(name)
+        os.kill(pid, signal.SIGSTOP)
         self.faults["worker_sigstop"] += 1
         log.warning("fault.worker_frozen", worker=name, seconds=seconds)
         try:
             await asyncio.sleep(seconds)
         finally:
-            proc.send_signal(signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
 
     async def restart_node(self, index: int) -> None:
         """One step of a rolling restart (a nats-server upgrade): SIGTERM one node, start it again
@@ -153,12 +235,9 @@ class Fleet:
         self.s3.restore()
 
     async def kill_ingester(self) -> None:
-        assert self.ingester is not None
-        kill9(self.ingester)
         self.faults["ingester_sigkill"] += 1
         log.warning("fault.ingester_killed")
-        await asyncio.sleep(0.5)
-        self.start_ingester()
+        await self._crash(self._names("ingester")[0])
 
     async def poison(self, bus: Bus) -> list[tuple[str, int]]:
         """Publish malformed messages straight into TASKS and RESULTS; returns (stream, seq) of each."""
@@ -182,7 +261,8 @@ class Fleet:
         self.faults["orphan_chunks"] += count
 
     def stop(self) -> None:
-        for proc in [*self.workers.values(), self.ingester]:
+        """Everything still running, killed (``run`` first: its daemons die with it)."""
+        for proc in [self.run, *self.workers.values(), self.ingester]:
             if proc is not None:
                 kill9(proc)
 

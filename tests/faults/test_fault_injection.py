@@ -1,31 +1,37 @@
-"""Nothing is lost: a few hundred tasks through real processes while everything fails.
+"""Nothing is lost: tasks through real processes while everything fails.
 
 Two variants, each ending with one line, ``tasks=N archived=A dead=D lost=0 duplicates=0
 faults=F``:
 
-- **one server**: the harness SIGKILLs a random worker every few seconds (and restarts it),
-  SIGKILLs nats-server and restarts it on the same store, withholds every PubAck of a result for
-  a while (a relay between workers and server: stored, never confirmed), fills RESULTS up (its
-  limit down to what it holds: back-pressure), takes S3 down for 25 s, SIGKILLs the ingester;
-- **a three-node cluster**, every stream and bucket R3: each node SIGKILLed and restarted in turn
-  while pages render (a restarted node catches up while readers ask it), a worker SIGSTOPped past
-  ack_wait then SIGCONTed, a worker and the ingester SIGKILLed, then a rolling restart (each node
-  SIGTERMed and started again, one at a time, as a nats-server upgrade does) with the fleet running.
+- **one server**, daemons of the test's own: the harness SIGKILLs a random worker every few
+  seconds (and restarts it), SIGKILLs nats-server and restarts it on the same store, withholds
+  every PubAck of a result for a while (a relay between workers and server: stored, never
+  confirmed), fills RESULTS up (its limit down to what it holds: back-pressure), takes S3 down
+  for 25 s, SIGKILLs the ingester; and it checks the stray-chunk sweep empties ARTIFACTS;
+- **a three-node cluster**, every stream and bucket R3, driven as an operator drives it:
+  ``busscrape run --with-daemons`` (its own workers and ingester, which it replaces when one
+  dies), its URLs fed through stdin while the schedule runs: each node SIGKILLed and restarted
+  in turn while pages render (a restarted node catches up while readers ask it), a worker
+  SIGSTOPped past ack_wait then SIGCONTed, a worker and the ingester SIGKILLed, then a rolling
+  restart (each node SIGTERMed and started again, one at a time, as a nats-server upgrade does)
+  with the fleet running. ``run`` must exit 0 on its own. Three rounds in a row, each its seed.
 
 Each run's schedule (which node, which worker, how long) comes from a seed the test prints;
-``BUSSCRAPE_CHAOS_SEED=<seed>`` replays it.
+``BUSSCRAPE_CHAOS_SEED=<seed>`` replays it (every round then replays that seed).
 
-Both also publish poison messages straight into TASKS and RESULTS and leave chunks that no object
-names in ARTIFACTS. Then they count: every dispatched task archived exactly once (one folder, one
-result in RESULTS) or dead-lettered — dead is exactly the tasks designed to die (broken links),
-never a good page, whatever the outages (they cost time, never a page);
-TASKS and RESULTS empty of work; every poison message in DEADLETTER; no artifacts left.
+Both also publish poison messages straight into TASKS and RESULTS (the first also leaves chunks
+that no object names in ARTIFACTS). Then they count: every dispatched task archived exactly
+once (one folder, one result in RESULTS) or dead-lettered — dead is exactly the tasks designed
+to die (broken links), never a good page, whatever the outages (they cost time, never a page);
+TASKS and RESULTS empty of work; every poison message in DEADLETTER.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -212,15 +218,33 @@ async def test_nothing_is_lost_under_faults(tmp_path, s3, fault_site, capsys):
             nats.stop()
 
 
-async def test_nothing_is_lost_on_a_cluster_under_faults(tmp_path, s3, fault_site, capsys):
-    """The issue-34 schedule, strict: outages on a cluster end no good page."""
+RUN_PAGES = 100  # the cluster run's good pages: fed to `run` all through the schedule
+ROUNDS = 3  # the cluster run, three times in a row (each its own seed)
+
+
+@pytest.mark.parametrize("round_", range(1, ROUNDS + 1))
+async def test_a_run_on_a_cluster_under_faults_loses_no_page(tmp_path, s3, fault_site, capsys, round_):
+    """The issue-34 schedule, strict, as an operator runs it: ``busscrape run --with-daemons``
+    against a three-node cluster (every stream R3), its URLs fed through stdin all through the
+    schedule (so pages are queued and rendering while every fault happens, and the run cannot
+    end before the last one): each node SIGKILLed and restarted in turn, a worker SIGSTOPped past
+    ack_wait then SIGCONTed, a worker and the ingester SIGKILLed (``run`` replaces each), a
+    rolling restart. The run exits 0 on its own; dead is exactly the broken links."""
     rng = chaos_seed(capsys)
     cluster = NatsCluster(tmp_path / "cluster")
     await asyncio.to_thread(cluster.start)
     settings = fault_settings(tmp_path, cluster.url, fault_site, s3, replicas=3)
     ack_wait = settings.streams.worker_ack_wait
+    site = fault_site
+    pages = [f"http://{site.hosts[i % 3]}:{site.port}/p?n={i}\n" for i in range(RUN_PAGES)]
+    broken = [f"http://{site.hosts[i % 3]}:{site.port}/missing?n={i}\n" for i in range(BROKEN)]
+    lines = pages + broken
+    rng.shuffle(lines)
+    dispatched = _task_ids(settings, lines)
+    may_die = _task_ids(settings, broken)
+    fleet = Fleet(tmp_path, settings, cluster, s3, rng=rng)
 
-    async def chaos(fleet: Fleet, bus: Bus) -> None:
+    async def chaos() -> None:
         await asyncio.sleep(rng.uniform(2, 4))
         for turn, node in enumerate(rng.sample(range(3), 3)):  # each node in turn, while pages render
             await fleet.kill_node(node, down_for=rng.uniform(2, 6))
@@ -237,9 +261,59 @@ async def test_nothing_is_lost_on_a_cluster_under_faults(tmp_path, s3, fault_sit
             await fleet.restart_node(node)
             await asyncio.sleep(rng.uniform(1, 3))
 
-    fleet = Fleet(tmp_path, settings, cluster, s3, rng=rng)
+    async def feed_during(schedule: asyncio.Task[None], left: list[str]) -> None:
+        """A third of the URLs at once, then a few every second until the schedule is over."""
+        fleet.feed([left.pop() for _ in range(len(left) // 3)])
+        while left and not schedule.done():
+            await asyncio.sleep(1)
+            fleet.feed([left.pop() for _ in range(min(3, len(left)))])
+        await schedule
+        fleet.feed(left)
+        fleet.close_input()
+
     try:
-        await run_under_faults(tmp_path, settings, fleet, fault_site, chaos, capsys)
+        async with await Bus.connect(settings, name="faults") as bus:
+            await provision.apply(bus.js, topology.load(settings))
+            poison = await fleet.poison(bus)
+            started = time.monotonic()
+            run = fleet.start_run(["--nats-url", cluster.url], workers=WORKERS)
+            fleet.feed(lines[:1])
+            await fleet.daemons_started(WORKERS)
+            await fleet.archiving()  # the faults begin once pages render and reach the archive
+            await feed_during(asyncio.create_task(chaos()), lines[1:])
+            with capsys.disabled():
+                print(f"  schedule over at {time.monotonic() - started:.0f}s: {dict(fleet.faults)}", flush=True)
+            try:
+                await asyncio.to_thread(run.wait, 600)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"busscrape run did not end within 10 minutes of the schedule: "
+                                     f"{fleet.run_log()}") from None
+            assert run.stdout is not None
+            out = run.stdout.read()
+            run_log = fleet.run_log()
+            assert run.returncode == 0, f"busscrape run exited {run.returncode}: {run_log}"
+            summary = json.loads(out)
+            report = await audit(bus, settings, dispatched)
     finally:
         fleet.stop()
         await asyncio.to_thread(cluster.stop)
+
+    logs = "".join(path.read_text(errors="replace") for path in fleet.log_dir.glob("*.log"))
+    line = report.line(sum(fleet.faults.values()))
+    with capsys.disabled():
+        print(f"\n{line}  ({dict(fleet.faults)}, {time.monotonic() - started:.0f}s; run: archived="
+              f"{summary['archived']} dead={summary['dead']} {summary['dead_by_reason']})\n"
+              f"  deliveries lost to outages (no attempt spent): {logs.count('task.outage')}, worker pauses for "
+              f"an unavailable bus: {logs.count('bus_unavailable')}, daemons run restarted: "
+              f"{(tmp_path / 'run.log').read_text(errors='replace').count('daemon.restarting')}", flush=True)
+    assert report.unexpected_dead(may_die) == {}, "a task that should have been archived was dead-lettered"
+    assert set(report.dead) & dispatched == may_die
+    assert report.lost == set()
+    assert report.duplicates == 0
+    assert {t: n for t, n in report.archived.items() if n != 1} == {}
+    assert set(report.archived) & dispatched == dispatched - may_die
+    assert (summary["tasks"], summary["archived"], summary["dead"], summary["unfinished"]) == \
+        (RUN_PAGES + BROKEN, RUN_PAGES, BROKEN, 0)
+    assert set(summary["dead_by_reason"]) == {"http_404"}, summary["dead_by_reason"]
+    assert report.tasks_left == 0 and report.results_pending == 0
+    assert set(poison) <= report.poison_found, "a poison message is missing from DEADLETTER"

@@ -214,3 +214,26 @@ def test_the_budget_is_measured_from_the_first_outage():
     assert old.outage_seconds() > 6 * 3600
     assert Ledger().outage_seconds() == 0.0
 
+
+
+async def test_a_last_attempt_whose_letter_was_not_filed_is_filed_later_with_its_own_reason(
+        wbus, wsettings, site):  # noqa: F811
+    """The last attempt failed (HTTP 500) but DEADLETTER did not take its letter (no stream
+    answered): the next delivery, past the last attempt, reaches no page and files the letter
+    with that attempt's reason — not ``max_deliveries``, and not "each delivery's worker died"."""
+    stamps = pages.install(site)
+    s = await _settings(wbus, wsettings)
+    await wbus.js.delete_stream(names.DEADLETTER_STREAM)
+    task = await enqueue(wbus.js, site.url("/status?code=500"))
+    async with Worker(wbus, s) as worker:
+        running = asyncio.create_task(worker.run())
+        await wait_until(lambda: _delivered_at_least(wbus.js, 2), timeout=60)  # unfiled: nak'ed, back again
+        await provision.apply(wbus.js, topology.load(s))
+        await wait_until(lambda: _letters(wbus.js), timeout=90)
+        worker.stop()
+        await asyncio.wait_for(running, 60)
+    [letter] = await dead_letters(wbus.js)
+    assert (letter.task_id, letter.stage, letter.reason) == (task.task_id, "worker", "http_500")
+    assert "1 attempts reached the page, none with its outcome recorded" in letter.error, letter.error
+    assert [a.reason for a in letter.attempts] == ["http_500"]
+    assert len(stamps["/status"]) == 1  # the page was reached once: the later deliveries only filed

@@ -89,6 +89,23 @@ async def test_a_worker_killed_on_the_last_delivery_is_reaped_into_deadletter(
     assert reaper_host.counters.get("completed", 0) == 0
 
 
+async def test_a_poison_task_whose_deliveries_all_died_is_reaped_as_poison(bus, fast_redelivery, tmp_path):
+    # Each delivery taken and never answered (its worker died before it could even file the
+    # letter): the reaper, not the worker, files it, with the decode reason, not max_deliveries.
+    ack = await bus.js.publish(names.task_subject("poison"), b"\x00not json", stream=names.TASKS_STREAM)
+    sub = await bus.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
+    for delivery in (1, 2):  # max_deliver is 2; the second comes back after ack_wait (3 s)
+        [msg] = await sub.fetch(1, timeout=30)
+        assert msg.metadata.num_delivered == delivery
+    await sub.unsubscribe()
+    await run_worker(bus, fast_redelivery, exit_when_idle=8)
+    [letter] = await dead_letters(bus.js)
+    assert (letter.stage, letter.reason, letter.task_id) == ("reaper", "not_json", None)
+    assert (letter.source.stream, letter.source.seq) == (names.TASKS_STREAM, ack.seq)
+    assert letter.payload.startswith("\x00not json")
+    assert await count(bus.js, names.TASKS_STREAM) == 0
+
+
 async def kill9_at(settings, tmp_path, nats_server, point) -> None:
     """Run a worker process whose NATS traffic goes through a relay; SIGKILL it at the first
     publish ``point`` picks, before that publish reaches the server."""

@@ -39,6 +39,7 @@ import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 
+from busscrape import cancelling
 from busscrape.bus.compat import prefetched
 from busscrape.bus.connection import Bus
 from busscrape.bus.retry import TRANSIENT, backoff, patiently
@@ -53,6 +54,9 @@ CRASH_DELAY = 5.0  # seconds before a message whose handler crashed is redeliver
 # the message until ack_wait ran out. A nak with a delay rewrites the delivery's time in the
 # consumer's stored state, so the message is due at once, restart or not.
 HAND_BACK_DELAY = 0.001
+STOP_GRACE = 15.0
+"""Seconds a stopping service gives its loops (slots, background tasks) to end once cancelled:
+in-flight work had its grace period and ten seconds more already (``_drain``)."""
 
 
 class PullService(ABC):
@@ -205,10 +209,9 @@ class PullService(ABC):
             await self._stopping.wait()
             await self._drain(slots)
         finally:
-            watcher.cancel()
-            for task in [*slots, *extra]:
-                task.cancel()
-            await asyncio.gather(*slots, *extra, watcher, return_exceptions=True)
+            # Bounded (``cancelling``): a task whose cancel is lost inside nats-py's wait_for must
+            # not keep the service from ending; it is left behind, the process exits anyway.
+            await cancelling.stop([*slots, *extra, watcher], grace=STOP_GRACE, what=f"{self.kind} loops")
             for sub in subs:
                 await self._release_prefetched(sub)
             for side in self._companions:
@@ -283,8 +286,9 @@ class PullService(ABC):
         return subs
 
     async def _watch_lag(self, every: float = 10.0) -> None:
-        """Keep the consumer-lag gauge fresh (the same sum KEDA scales on)."""
-        while True:
+        """Keep the consumer-lag gauge fresh (the same sum KEDA scales on). Until the service
+        stops: the flag too, as a cancel can be lost in the request (``cancelling``)."""
+        while not self._stopping.is_set():
             with contextlib.suppress(*TRANSIENT):
                 info = await self.bus.js.consumer_info(self.stream, self.durable)
                 self.lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
@@ -369,7 +373,8 @@ class PullService(ABC):
                     self._last_activity = max(self._last_activity, time.monotonic())
 
     async def _process(self, msg: Msg) -> None:
-        beat = asyncio.create_task(self._heartbeat(msg))
+        ended = asyncio.Event()
+        beat = asyncio.create_task(self._heartbeat(msg, ended))
         try:
             await self.handle(msg)
         except asyncio.CancelledError:
@@ -382,12 +387,16 @@ class PullService(ABC):
             log.exception(f"{self.kind}.handler_crashed", error=repr(exc), subject=msg.subject)
             await quietly(msg.nak(delay=CRASH_DELAY))
         finally:
+            ended.set()
             beat.cancel()
 
-    async def _heartbeat(self, msg: Msg) -> None:
-        while True:
+    async def _heartbeat(self, msg: Msg, ended: asyncio.Event) -> None:
+        # Until the message is done with: the flag too, as the cancel can be lost in ``quietly``'s
+        # wait_for (``cancelling``), and a beat left running would extend a finished message.
+        while not ended.is_set():
             await asyncio.sleep(self.heartbeat_interval)
-            await quietly(msg.in_progress())
+            if not ended.is_set():
+                await quietly(msg.in_progress())
 
     async def _release_prefetched(self, sub: Any) -> None:
         """Nak messages that arrived for an expired fetch after we stopped asking."""

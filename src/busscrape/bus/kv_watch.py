@@ -10,6 +10,10 @@ from typing import Any
 
 from nats.js.kv import KeyValue
 
+from busscrape import cancelling
+
+STOP_GRACE = 10.0  # seconds a stopped watch has to end its iteration
+
 
 class KvWatch:
     def __init__(self, on_entry: Callable[[str, bytes], None], *, name: str) -> None:
@@ -32,9 +36,9 @@ class KvWatch:
             with contextlib.suppress(Exception):  # the connection may be gone already
                 await self._watcher.stop()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Bounded as well: should the watcher's stop not reach the server (the connection
+            # gone) and the cancel be lost too, the watch is left behind, the caller goes on.
+            await cancelling.stop(self._task, grace=STOP_GRACE, what=self._name)
 
     async def _follow(self) -> None:
         async for entry in self._watcher:

@@ -9,7 +9,10 @@ and never gives up on a lost ack. ``Publisher`` keeps the same idea with less pe
   backlog stay bounded whatever the input size;
 - a deadline per attempt (``timeout``), checked by one sweeper task in deadline order, and a
   bounded number of retries with exponential backoff for what can succeed later: no PubAck
-  in time, ``503 no responders`` (stream leader moving, server restarting) and 5xx answers;
+  in time, ``503 no responders`` (stream leader moving, server restarting) and 5xx answers —
+  ``retries`` of them, and as many more as fit in ``outage_wait`` seconds from the first send
+  (an election on a cluster outlasts a few quick retries: waited out, it costs time, not the
+  message);
 - nothing counts as done until the PubAck (or a final error) arrived.
 
 A retry reuses the reply token, so a late PubAck of an earlier attempt still settles the
@@ -118,6 +121,8 @@ class Publication:
     """Whatever the caller wants back in ``on_done`` (a task id, a counter key …)."""
     token: str = ""
     attempts: int = 0
+    first_sent: float = 0.0
+    """When the first attempt was sent (monotonic clock): ``outage_wait`` counts from there."""
     deadline: float = 0.0
     """When the current attempt times out (monotonic clock)."""
     ack: PubAck | None = None
@@ -146,6 +151,7 @@ class Publisher:
         backoff: float = BACKOFF,
         max_backoff: float = MAX_BACKOFF,
         close_timeout: float | None = None,
+        outage_wait: float = 0.0,
     ) -> None:
         if window < 1:
             raise ValueError("window must be at least 1")
@@ -156,6 +162,7 @@ class Publisher:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.close_timeout = close_timeout
+        self.outage_wait = outage_wait
         self._slots = asyncio.Semaphore(window)
         # Awaiting an answer, in send order, which is deadline order (one timeout for all): the
         # sweeper reads from the front and stops at the first that is not overdue.
@@ -266,7 +273,9 @@ class Publisher:
 
     async def _send(self, pub: Publication) -> None:
         pub.attempts += 1
-        pub.deadline = time.monotonic() + self.timeout
+        now = time.monotonic()
+        pub.first_sent = pub.first_sent or now
+        pub.deadline = now + self.timeout
         self._resting.pop(pub.token, None)
         self._pending[pub.token] = pub
         try:
@@ -313,7 +322,8 @@ class Publisher:
     def _failed_attempt(self, pub: Publication, failure: PublishFailed) -> None:
         if self._pending.pop(pub.token, None) is None:
             return  # not awaiting an answer: this attempt already failed (a late answer after its timeout)
-        if not failure.retryable or pub.attempts > self.retries:
+        spent = pub.attempts > self.retries and time.monotonic() - pub.first_sent >= self.outage_wait
+        if not failure.retryable or spent:
             if failure.retryable:
                 failure.description = failure.message = f"{failure.description} (after {pub.attempts} attempts)"
             self._finish(pub, error=failure)

@@ -175,7 +175,8 @@ class Dispatcher:
         await self._check_streams()
         cfg = self.settings
         self._publisher = Publisher(self.bus.nc, window=cfg.dispatch.window, timeout=cfg.nats.request_timeout,
-                                    retries=cfg.dispatch.publish_retries, close_timeout=0)
+                                    retries=cfg.dispatch.publish_retries, close_timeout=0,
+                                    outage_wait=cfg.dispatch.publish_outage_wait)
         await self._publisher.__aenter__()
         return self
 

@@ -214,6 +214,10 @@ class DispatchSettings(_Section):
     ``streams.recrawl_window``, the longest the SEEN bucket keeps a key)."""
     publish_retries: int = Field(3, ge=0)
     """Retries of a publish that failed or timed out before it is counted as failed."""
+    publish_outage_wait: Duration = Field("2m", validate_default=True)
+    """How long a publish NATS does not take (no PubAck, ``503 no responders`` while a stream
+    elects a leader or a node restarts) keeps being retried, beyond ``publish_retries``: an
+    outage shorter than this costs the dispatch time, not URLs."""
     drain_timeout: Duration = Field("5s", validate_default=True)
     """On SIGINT/SIGTERM, how long PubAcks still in flight are waited for (the rest: unconfirmed)."""
     sitemap_max_urls: int = Field(100_000, ge=1)

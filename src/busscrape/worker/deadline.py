@@ -11,43 +11,23 @@ for ever.
 ``within`` runs the work as a task of its own. When its time is up, or the caller is cancelled,
 the work is cancelled and given ``grace`` seconds to clean up; one that has not ended by then is
 left behind (logged, kept referenced until it ends), and the caller goes on at once: its slot is
-released, its task retried. Work left behind is reported by ``abandoned()``.
+released, its task retried (``cancelling.stop``). Work left behind is reported by ``abandoned()``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import structlog
+from busscrape.cancelling import abandoned, stop
 
-log = structlog.get_logger("busscrape.worker")
 T = TypeVar("T")
+__all__ = ["CLEANUP_GRACE", "abandoned", "stop", "within"]
 
 CLEANUP_GRACE = 20.0
 """Seconds a cancelled render has to clean up: its tab closes in 10 at most (``tabs``), a lease's
 release is one request."""
-
-_left_behind: set[asyncio.Future[Any]] = set()
-
-
-def abandoned() -> int:
-    """Work cancelled that has not ended yet, past its grace (in this process)."""
-    return len(_left_behind)
-
-
-async def stop(doing: asyncio.Future[Any], *, grace: float, what: str) -> bool:
-    """Cancel ``doing`` and wait at most ``grace`` seconds for it to end: True when it did."""
-    doing.cancel()
-    done, _ = await asyncio.wait({doing}, timeout=grace)
-    if done:
-        return True
-    _left_behind.add(doing)
-    doing.add_done_callback(_left_behind.discard)
-    doing.add_done_callback(lambda d: d.cancelled() or d.exception())  # its outcome is nobody's now
-    log.error("task.cleanup_abandoned", what=what, grace=grace, left_behind=len(_left_behind))
-    return False
 
 
 async def within(work: Awaitable[T], seconds: float, *, grace: float, what: str) -> T:
