@@ -234,6 +234,6 @@ async def test_a_last_attempt_whose_letter_was_not_filed_is_filed_later_with_its
         await asyncio.wait_for(running, 60)
     [letter] = await dead_letters(wbus.js)
     assert (letter.task_id, letter.stage, letter.reason) == (task.task_id, "worker", "http_500")
-    assert "1 attempts reached the page, none with its outcome recorded" in letter.error, letter.error
+    assert "1 attempt reached the page, none with its outcome recorded" in letter.error, letter.error
     assert [a.reason for a in letter.attempts] == ["http_500"]
     assert len(stamps["/status"]) == 1  # the page was reached once: the later deliveries only filed

@@ -91,7 +91,7 @@ class Ledger(BaseModel):
         worker died or went silent), how many were lost to outages or deferred."""
         failed = list(history)
         silent = max(self.attempts - len(failed), 0)
-        parts = [f"{deliveries} deliveries, {self.attempts} of them reached the page"]
+        parts = [f"{deliveries} deliver{'y' if deliveries == 1 else 'ies'}, {self.attempts} of them reached the page"]
         if failed:
             parts.append(f"{len(failed)} failed (last: {failed[-1].reason}: {failed[-1].error[:300]})")
         if silent:

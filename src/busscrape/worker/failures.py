@@ -141,8 +141,9 @@ class Failures:
         history = await self.attempts.history(task.task_id, tally.seq)
         # Each attempt failed (its letter could not be filed or recorded): the last one's reason.
         failed = history[-1].reason if history and len(history) >= tally.ledger.attempts else None
-        exc = DeliveriesExhausted(f"{tally.ledger.attempts} attempts reached the page, none with its outcome "
-                                  f"recorded (max_deliver {self.max_deliver}): "
+        reached = tally.ledger.attempts
+        exc = DeliveriesExhausted(f"{reached} attempt{'' if reached == 1 else 's'} reached the page, none with "
+                                  f"its outcome recorded (max_deliver {self.max_deliver}): "
                                   f"{tally.ledger.story(history, tally.delivery - 1)}", reason=failed)
         await self._file(msg, story, task, tally.seq, history, exc, last=False)
 
