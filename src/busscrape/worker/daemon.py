@@ -463,7 +463,8 @@ class Worker(PullService):
             # The slot's lease lost (expired while NATS was away, taken by another worker): the
             # render stops, and the task comes back later (LeaseLost is a deferral). Its clean-up
             # is bounded too (``deadline``): the slot goes however the render ends.
-            return await deadline.within(slot.guard(self.renderer.render(task, before_navigation, follow=follow)),
+            rendering = self.renderer.render(task, before_navigation, follow=follow, sent=slot.sent)
+            return await deadline.within(slot.guard(rendering),
                                          self.settings.worker.task_timeout, grace=deadline.CLEANUP_GRACE, what="render")
         except TimeoutError:
             raise NavigationTimeout(f"task took longer than task_timeout "
