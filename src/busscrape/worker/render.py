@@ -175,12 +175,16 @@ class Renderer:
         fresh = stored is not None and stored.expires_at > time.time()
         state = None if rule is None else stored.state if fresh and stored else {"cookies": [], "origins": []}
         relogin: Lease | None = None
+        proxy = upstream.url if upstream is not None else None
         async with self.pool.tab(user_agent=opts.user_agent, proxy=listener, session=state) as tab:
             try:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
                 logged_in = rule is not None and not fresh
                 if rule is not None and logged_in:
                     await self._login(tab, rule, task)
+                    # Stored at once: should the visit be deferred (the host's start taken while
+                    # the login ran), the next delivery uses this login instead of typing it again.
+                    stored = await self._keep_session(tab, task, rule, stored, True, proxy)
                 watch = await self._watch(tab, task)
                 try:
                     rendered = await self._visit(tab, task, watch, nav, follow)
@@ -193,7 +197,7 @@ class Renderer:
                         watch.detach()
                         watch.discard()
                         await self._login(tab, rule, task)
-                        logged_in = True
+                        stored = await self._keep_session(tab, task, rule, stored, True, proxy)
                         watch = await self._watch(tab, task, block=False)
                         rendered = await self._visit(tab, task, watch, nav, follow)
                 except BaseException:
@@ -201,9 +205,9 @@ class Renderer:
                     raise
                 finally:
                     watch.detach()
-                rendered.proxy = upstream.url if upstream is not None else None
-                if rule is not None:
-                    await self._keep_session(tab, task, rule, stored, logged_in, rendered.proxy)
+                rendered.proxy = proxy
+                if rule is not None:  # the cookies the page set (the login is stored already)
+                    await self._keep_session(tab, task, rule, stored, False, proxy)
                 return rendered
             except PlaywrightTimeout as exc:
                 raise NavigationTimeout(f"{task.url}: {first_line(exc)}", reason="page_timeout") from None
@@ -227,8 +231,9 @@ class Renderer:
         log.info("session.logged_in", session=task.options.session)
 
     async def _keep_session(self, tab: Tab, task: ScrapeTask, rule: SessionRule, stored: Stored | None,
-                            logged_in: bool, proxy: str | None) -> None:
-        """Store the context's state back: cookies the task's pages set carry on."""
+                            logged_in: bool, proxy: str | None) -> Stored:
+        """Store the context's state back: cookies the task's pages set carry on. ``logged_in``:
+        it is a new login (its time, TTL and count start again). Returns what was stored."""
         assert self.sessions is not None and task.options.session is not None
         now = time.time()
         state = await storage_state(tab.context)
@@ -239,6 +244,7 @@ class Renderer:
             kept = Stored(task.options.session, state, stored.logged_in_at, stored.expires_at, proxy, stored.logins)
         if (left_out := await self.sessions.store.put(kept)) is not None:
             log.warning("session.too_large", session=kept.name, left_out=left_out)
+        return kept
 
     async def _proxy_for(self, task: ScrapeTask, prefer: str | None = None) -> tuple[Upstream | None, str | None]:
         """The task's upstream proxy (``net/proxies.py``) and the egress listener in front of it."""
