@@ -283,6 +283,19 @@ def login_with_password_site(site) -> dict[str, int]:
     return seen
 
 
+def password_sessions_file(tmp_path, name: str, login_url: str):
+    """A sessions file whose rule ``name`` logs in at ``login_url`` typing ``PASSWORD`` into ``#pw``."""
+    path = tmp_path / "sessions.toml"
+    path.write_text(f'''[[session]]
+name = "{name}"
+login_url = "{login_url}"
+login_steps = [{{action = "fill", selector = "#user", value = "alice"}},
+               {{action = "fill", selector = "#pw", value = "{PASSWORD}"}}, {{action = "click", selector = "#go"}}]
+check_selector = "#logout"
+''')
+    return path
+
+
 def unpacked(data: bytes) -> bytes:
     import gzip
 
@@ -300,14 +313,7 @@ async def test_a_login_again_is_never_recorded_and_a_sessions_cookies_are_masked
     from busscrape.artifacts.store import ArtifactStore
 
     seen = login_with_password_site(site)
-    rules = tmp_path / "sessions.toml"
-    rules.write_text(f'''[[session]]
-name = "shop-*"
-login_url = "{site.url('/login')}"
-login_steps = [{{action = "fill", selector = "#user", value = "alice"}},
-               {{action = "fill", selector = "#pw", value = "{PASSWORD}"}}, {{action = "click", selector = "#go"}}]
-check_selector = "#logout"
-''')
+    rules = password_sessions_file(tmp_path, "shop-*", site.url("/login"))
     s = wsettings.with_overrides(worker={"concurrency": 1, "sessions_file": str(rules),
                                          "archive_session_cookies": cookies})
     await provision.apply(bus.js, topology.load(s))
