@@ -110,3 +110,40 @@ async def test_links_never_followable_are_a_follow_failure_of_the_crawl_not_a_de
     history = await StatusBoard(bus.js).history(index)
     assert "dead" not in {s.state for s in history}
     assert await state.links(spec.crawl_id, index) is None
+
+
+async def test_a_permanent_follow_failure_is_recorded_on_the_crawl_and_the_archived_page_acked(bus, tmp_path,
+                                                                                              nats_url, site):
+    """A follow that fails for good (here a CRAWLS write over its size, ``PayloadTooLarge``, as
+    ``bus.payloads`` raises before a write the server would refuse) after the page's result
+    stands: the crawl records ``follow_failed`` and the task is acked on its first delivery.
+    Before, the worker dead-lettered the archived page (``payload_too_large``)."""
+    from busscrape.errors import PayloadTooLarge
+
+    install(site, robots_failures=0)
+    settings = settings_for(tmp_path, nats_url, site, max_deliver=3)
+    spec = CrawlSpec(seeds=(site.url("/"),), scope="any", depth=1)
+    state = CrawlState(bus.js)
+    index = crawl_task_id(spec.crawl_id, site.url("/"))
+    await provision.apply(bus.js, topology.load(settings))
+    await start_crawl(bus, settings, spec)
+    async with Worker(bus, settings.with_overrides(worker={"exit_when_idle": "1h"})) as worker:
+        async def too_large(*args: object, **kwargs: object) -> bool:
+            raise PayloadTooLarge("CRAWLS value of 2000000 bytes, over 1048576")
+
+        worker.frontier.follow = too_large  # type: ignore[method-assign]  # the fault, in the crawl code only
+        running = asyncio.create_task(worker.run())
+
+        async def acked() -> bool:
+            return await count(bus.js, names.TASKS_STREAM) == 0
+
+        try:
+            await wait_until(acked, timeout=90)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 60)
+    assert await dead_letters(bus.js) == []  # the page is archived, not dead
+    assert [r.url for r in await results(bus.js)] == [site.url("/")]
+    record = await state.page(spec.crawl_id, index)
+    assert record["not_followed"] == "follow_failed" and record["error"].startswith("payload_too_large"), record
+    assert worker.counters.get("completed") == 1 and "retried" not in worker.counters, worker.counters

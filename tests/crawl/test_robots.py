@@ -49,6 +49,17 @@ async def test_a_large_robots_txt_is_obeyed_to_its_last_line(applied, site):
     assert record is not None and len(record["body"]) == len(body)
 
 
+async def test_many_asks_at_once_fetch_robots_txt_once(applied, site):
+    """Seeding 3,000 sitemap URLs of one site asks for its rules 3,000 times at once: one fetch
+    (before: one each, 3,000 fetches of a 40 KB robots.txt at once, and the seeding failed with
+    ``RobotsUnavailable`` when they timed out)."""
+    serve_in_writes(site, "/robots.txt", big_robots(40_000))
+    robots = Robots(CrawlState(applied.js), NetworkPolicy.from_settings([f"{site.hosts[0]}/32"]))
+    verdicts = await asyncio.gather(*(robots.allowed("c1", site.url(f"/p/{i}"), "busscrape") for i in range(300)))
+    assert all(verdicts) and await robots.allowed("c1", site.url("/secret"), "busscrape") is False
+    assert site.hits[(site.hosts[0], "/robots.txt")] == 1
+
+
 async def test_every_redirect_hop_of_the_robots_fetch_is_asked_of_the_policy(applied, site):
     """robots.txt redirecting to an address the policy refuses, and to a URL with credentials:
     neither is fetched (so no rules: the policy refuses the host's pages anyway)."""

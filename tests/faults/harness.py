@@ -7,6 +7,10 @@ and an ingester process of its own, or ``busscrape run --with-daemons`` whose da
 CLI — and knows how to kill, freeze and restart each of them, fill RESULTS up and lose PubAcks.
 ``Audit`` reads what the run left behind (the archive, DEADLETTER, TASKS, RESULTS, ARTIFACTS)
 and counts every task.
+
+RESULTS itself is no record of what was published: the ingesters trim it below their ack floor,
+at once when it is short of room (as the harness makes it). So before the run the harness adds a
+mirror of RESULTS with no limits (``witness_results``), and the audit counts results there.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from nats.js import api
 
 from busscrape.archive.storage import open_storage
 from busscrape.artifacts.store import ArtifactStore
@@ -40,6 +45,18 @@ from tests.support.relay import Relay, results_puback
 from tests.support.s3 import S3Server
 
 log = structlog.get_logger("faults")
+
+RESULTS_WITNESS = "FAULTS_RESULTS_WITNESS"
+"""A mirror of RESULTS the harness adds before the run: every result ever published, kept."""
+
+
+async def witness_results(bus: Bus, replicas: int) -> None:
+    """Mirror RESULTS into a stream nothing trims, before any result is published: the audit's
+    record of every result, whatever the ingesters' trim removes from RESULTS. (A mirror reads
+    RESULTS through an ephemeral consumer, which holds no trim back.)"""
+    await bus.js.add_stream(api.StreamConfig(
+        name=RESULTS_WITNESS, mirror=api.StreamSource(name=names.RESULTS_STREAM),
+        storage=api.StorageType.FILE, num_replicas=replicas))
 
 
 @dataclass
@@ -273,11 +290,13 @@ class Audit:
     archived: Counter[str]
     """task id -> number of archive folders holding it"""
     results: Counter[str]
-    """task id -> number of results RESULTS holds for it (RESULTS keeps them for the whole run)"""
+    """task id -> number of results published to RESULTS for it (counted in the witness mirror)"""
     dead: dict[str, DeadLetter]
     poison_found: set[tuple[str, int]]
     tasks_left: int
     results_pending: int
+    witness_lag: int
+    """Results the witness mirror has not copied yet (0 before the audit counts them)."""
     live_artifacts: int
     artifact_names: list[str]
     """Names under which ARTIFACTS still holds a meta (finished or placeholder): to tell which died where."""
@@ -322,9 +341,10 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
         elif letter.source and letter.source.seq is not None:
             poison_found.add((letter.source.stream, letter.source.seq))
     results: Counter[str] = Counter()
-    info = await bus.js.stream_info(names.RESULTS_STREAM, subjects_filter=names.result_subject(">"))
+    info = await bus.js.stream_info(RESULTS_WITNESS, subjects_filter=names.result_subject(">"))
     for subject, n in (info.state.subjects or {}).items():
         results[subject.rsplit(".", 1)[-1]] += n
+    witness_lag = (info.mirror.lag or 0) if info.mirror is not None else 0
     tasks = await bus.js.stream_info(names.TASKS_STREAM)
     ingest = await bus.js.consumer_info(names.RESULTS_STREAM, names.INGESTERS_CONSUMER)
     # A released object has its chunks purged: live objects are the chunk subjects still there.
@@ -337,6 +357,6 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
     nameless = sorted(await ArtifactStore(bus.js).nameless_chunks()) if objects else []
     return Audit(dispatched=dispatched, archived=archived, results=results, dead=dead, poison_found=poison_found,
                  tasks_left=tasks.state.messages,
-                 results_pending=(ingest.num_pending or 0) + (ingest.num_ack_pending or 0),
+                 results_pending=(ingest.num_pending or 0) + (ingest.num_ack_pending or 0), witness_lag=witness_lag,
                  live_artifacts=objects, artifact_names=stored_names,
                  nameless_chunks=nameless)

@@ -1,5 +1,7 @@
 """RESULTS is trimmed below every durable consumer's ack floor, once that has been so for a while."""
 
+import contextlib
+
 from nats.js import api
 
 from busscrape.bus import names
@@ -52,3 +54,39 @@ async def test_acknowledged_results_stay_for_the_keep_window(applied):
     await ack(js, names.INGESTERS_CONSUMER, 2)
     assert await trimmer.trim(now=1070) == 5  # the floor moved 0 s ago
     assert await trimmer.trim(now=1130) == 7
+
+
+async def test_a_full_results_gives_up_the_acknowledged_results_it_keeps_so_workers_get_room(bus, settings):
+    """results_keep_acked (1 h) is a courtesy to readers without a durable consumer: when the
+    results it keeps are what fills RESULTS (discard new: every worker waits for room), they go."""
+    import nats.js.errors
+
+    from busscrape.bus import provision, topology
+
+    small = settings.with_overrides(streams={"results_max_bytes": "16KiB"})
+    await provision.apply(bus.js, topology.load(small))
+    js, sent = bus.js, 0
+    with contextlib.suppress(nats.js.errors.APIError):
+        while sent < 10_000:
+            await js.publish(names.result_subject(f"{sent:032x}"), b"x" * 500, stream=names.RESULTS_STREAM)
+            sent += 1
+    assert 0 < sent < 10_000  # full: the stream refused the next result
+    sub = await js.pull_subscribe_bind(names.INGESTERS_CONSUMER, names.RESULTS_STREAM)
+    acked = 0
+    while acked < sent:
+        for msg in await sub.fetch(min(100, sent - acked), timeout=5):
+            await msg.ack_sync()
+            acked += 1
+    await sub.unsubscribe()
+    trimmer = ResultsTrimmer(js, keep=3600)
+    assert await trimmer.trim() == sent + 1  # every acknowledged result went, within the keep window
+    assert (await js.stream_info(names.RESULTS_STREAM)).state.messages == 0
+    await js.publish(names.result_subject("f" * 32), b"x" * 500, stream=names.RESULTS_STREAM)  # room again
+
+
+async def test_acknowledged_results_are_kept_while_results_has_room(applied):
+    js = applied.js
+    await publish_results(js, 3)
+    await ack(js, names.INGESTERS_CONSUMER, 3)
+    trimmer = ResultsTrimmer(js, keep=3600)
+    assert await trimmer.trim() == 0 and await first_seq(js) == 1

@@ -209,6 +209,27 @@ async def test_status_lists_the_hosts_cooling_for_the_fleet(applied, settings):
     assert "hosts cooling" in table.stdout and "hot.example" in table.stdout and "over.example" not in table.stdout
 
 
+async def test_status_counts_a_page_written_in_parts_once(applied, settings):
+    """A page record too large for one CRAWLS value is written as a head and ``<page>.<n>`` parts
+    (``CrawlState.record_page``): status counts pages, not records (before: 3 followed pages for
+    the one page whose 40,000 queued ids took two parts)."""
+    from busscrape.crawl.frontier import Frontier
+    from busscrape.crawl.spec import CrawlSpec
+    from busscrape.net.policy import NetworkPolicy
+
+    frontier = Frontier(applied.js, settings, NetworkPolicy.from_settings(["127.0.0.2/32"]))
+    spec = CrawlSpec(seeds=("http://127.0.0.2:9/",), robots="ignore")
+    await frontier.seed(spec)
+    queued = [f"{i:032x}" for i in range(40_000)]  # 1.4 MB of task ids: over one value
+    await frontier.state.record_page(spec.crawl_id, "ab" * 16, {"queued": queued})
+    record = await frontier.state.page(spec.crawl_id, "ab" * 16)
+    assert record is not None and record["parts"] > 1 and len(record["queued"]) == 40_000
+    proc = await busscrape(settings.nats.url, "status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    [crawl] = orjson.loads(proc.stdout)["crawls"]
+    assert crawl["followed"] == 1, crawl
+
+
 async def test_status_lists_the_crawls_newest_first_with_their_counts(applied, settings):
     from busscrape.crawl.frontier import Frontier
     from busscrape.crawl.links import PageLinks

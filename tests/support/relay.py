@@ -4,6 +4,7 @@ freeze a client at an exact point of its work.
 It speaks just enough of the NATS protocol to see the server's messages to the client (``MSG``
 and ``HMSG`` frames) and drops the ones ``withhold`` picks: a PubAck that never arrives, exactly
 as a network that loses it would look to the client, while the server has stored the message.
+The ones ``lag`` picks it holds for the seconds ``lag`` says (a slow link, one way).
 
 The other way it sees the client's publishes (``PUB`` and ``HPUB``): the first one ``hold``
 picks, and everything that client sends after it, never reaches the server, and ``held`` is
@@ -53,6 +54,7 @@ class Relay:
         self.port = 0
         self.withhold: Callable[[bytes], bool] | None = None
         self.withheld = 0
+        self.lag: Callable[[bytes], float] | None = None
         self.hold: Callable[[bytes, bytes], bool] | None = None
         self.held = asyncio.Event()
         self.drop: Callable[[bytes, bytes], bool] | None = None
@@ -124,6 +126,8 @@ class Relay:
                 if self.withhold is not None and self.withhold(payload):
                     self.withheld += 1
                     continue
+                if self.lag is not None and (pause := self.lag(payload)) > 0:
+                    await asyncio.sleep(pause)  # and every frame behind it: one connection
                 writer.write(line + body)
             else:
                 writer.write(line)

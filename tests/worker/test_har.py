@@ -99,6 +99,30 @@ async def test_embedded_bodies_stay_within_the_pages_budget(page, site):
     assert all("not embedded" in c["comment"] for c in images if "text" not in c)
 
 
+async def test_request_bodies_count_against_the_pages_budget(page, site):
+    """#35 review: a request's body is held in the HAR as a response's is, so it counts toward
+    ``max_har_bytes`` (before: ten 60 kB POSTs against a 150 kB budget were all kept, 600 kB)."""
+    from aiohttp import web
+
+    site.page("/posts", "<title>posts</title><script>for (let i = 0; i < 10; i++) "
+                        "fetch('/sink', {method: 'POST', body: String(i).repeat(60000)})</script>")
+
+    @site.route("/sink")
+    async def sink(request):
+        await request.read()
+        return web.Response(text="ok")
+
+    har = HarRecorder(page, embed_bodies=False, max_total_bytes=150_000)
+    await page.goto(site.url("/posts"), wait_until="networkidle")
+    await har.settle()
+    doc = orjson.loads(har.build(browser_version="x", page_timings={}, max_bytes=10**8)[0])["log"]
+    posts = [e["request"]["postData"] for e in doc["entries"] if e["request"]["method"] == "POST"]
+    kept = [p for p in posts if p["text"]]
+    assert len(posts) == 10 and len(kept) == 2, [len(p["text"]) for p in posts]  # 2 x 60 kB fit, a third not
+    assert har.embedded_bytes <= 150_000
+    assert all("not embedded" in p["comment"] for p in posts if not p["text"])
+
+
 async def test_credentials_a_request_carried_are_masked(page, site):
     await page.context.set_extra_http_headers({"Authorization": "Basic c2VjcmV0OnB3"})
     har = await record(page, site, embed=False)

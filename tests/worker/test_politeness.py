@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
 from busscrape.errors import ConfigurationError
 from busscrape.worker.daemon import Worker
 from busscrape.worker.fleet_gate import Deferred, FleetGate, Slot, Wait, cooling_hosts, host_of, host_token
@@ -19,6 +20,7 @@ from busscrape.worker.host_rules import HostRules, Limit
 from tests.support import pages
 from tests.support.bus import dead_letters, enqueue, results, two_workers, wait_until
 from tests.support.procs import env_for, kill9, spawn
+from tests.support.relay import Relay
 from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
 # -- rules and keys ----------------------------------------------------------------------------
@@ -102,13 +104,18 @@ async def test_starts_are_spaced_by_the_delay_across_gates(pbus):
     first, second = await one.enter("d.test"), await two.enter("d.test")
     assert isinstance(first, Slot) and isinstance(second, Slot)  # nothing started yet: both may go
     assert await first.start() == 0.0
-    left = await second.start()  # taken right before the navigation: the first one took it
-    assert 1.0 < left <= 2.0
+    # Taken right before the navigation: the first one took it, and holds it one more delay
+    # until its request is sent (the delay counts from the request as the site sees it).
+    left = await second.start()
+    assert 3.0 < left <= 4.0
     with pytest.raises(Deferred):
         await second.start_or_defer()
+    await first.sent(time.time() + 0.5)  # the browser sent the first request half a second later
+    left = await second.start()
+    assert 2.0 < left <= 2.5, left
     await second.release()
     later = await two.enter("d.test")  # now seen before any tab is taken
-    assert isinstance(later, Wait) and later.why == "delay" and 1.0 < later.seconds <= 2.0
+    assert isinstance(later, Wait) and later.why == "delay" and 2.0 < later.seconds <= 2.5
     await first.release()
 
 
@@ -289,6 +296,36 @@ async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(
     assert log.peak(b) > 2, log.rows
     # Every deferral spent no attempt: with one attempt allowed, nothing was dead-lettered.
     assert len(await results(bus.js)) == 20 and await dead_letters(bus.js) == []
+
+
+@pytest.mark.browser
+async def test_the_site_sees_one_host_delay_between_every_two_page_requests(bus, wsettings, site,  # noqa: F811
+                                                                            nats_server):
+    """#36.5: ``delay`` is a floor between page requests as the site sees them, not between the
+    gate's writes. Two workers, one slot, a 1 s delay; one worker's link is slow (the server's
+    answers to its HOSTS writes reach it 0.4 s late, so its request goes out 0.4 s after its
+    start was written). The site's log of request arrivals has every gap at least 1 s (a
+    correctness bound, not a speed one); before, the slow worker's start counted from its write
+    and the next page came 0.6 s after its request."""
+    log = Log()
+    logged_page(site, log)
+    delay = 1.0
+    s = wsettings.with_overrides(worker={"concurrency": 2, "host_concurrency": 1, "host_delay": f"{delay}s",
+                                         "host_busy_retry": "100ms", "exit_when_idle": "3s"},
+                                 streams={"worker_max_deliver": 1})
+    await provision.apply(bus.js, topology.load(s))
+    for i in range(8):
+        await enqueue(bus.js, site.url(f"/page?s=0.05&n={i}"))
+    hosts_ack = f'"stream":"{names.kv_stream(names.HOSTS_BUCKET)}"'.encode()
+    async with Relay(nats_server.port) as relay:
+        relay.lag = lambda payload: 0.4 if payload.startswith(b"{") and hosts_ack in payload else 0.0
+        async with await Bus.connect(s.with_overrides(nats={"url": relay.url}), name="slow-worker") as slow:
+            one, two = await two_workers(slow, s)
+    starts = log.starts(site.hosts[0])
+    assert len(starts) == 8 and len(await results(bus.js)) == 8, log.rows
+    assert one.counters["completed"] > 0 and two.counters["completed"] > 0  # both took pages
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert min(gaps) >= delay, gaps
 
 
 @pytest.mark.timing

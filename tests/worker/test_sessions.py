@@ -104,6 +104,28 @@ async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bu
 
 
 @pytest.mark.browser
+async def test_a_login_whose_visit_is_deferred_is_kept_not_typed_again(bus, wsettings, site, tmp_path):  # noqa: F811
+    """The login runs after the task entered its host; while it runs (1.5 s), a session-less
+    task takes the host's start, so the logged-in visit is deferred (a 3 s delay). The login is
+    stored at once: the task comes back and uses it. Before, it was stored only after the visit,
+    so every deferred delivery logged in again (22 logins for 6 pages in #35's acceptance crawl)."""
+    seen = login_site(site, slow=1.5)
+    site.page("/open", "<title>open</title>")
+    s = wsettings.with_overrides(worker={"concurrency": 2, "host_concurrency": 2, "host_delay": "3s",
+                                         "host_busy_retry": "200ms", "exit_when_idle": "6s",
+                                         "sessions_file": str(sessions_file(tmp_path, site))},
+                                 streams={"worker_max_deliver": 1})
+    await provision.apply(bus.js, topology.load(s))
+    await enqueue(bus.js, site.url("/private?n=1"), options=TaskOptions(session="shop-1"))
+    await enqueue(bus.js, site.url("/open"))
+    async with Worker(bus, s) as worker:
+        await worker.run()
+    assert await dead_letters(bus.js) == [] and len(await results(bus.js)) == 2
+    assert worker.counters["deferred"] >= 1  # the logged-in visit waited for the host's start
+    assert seen["logins"] == 1
+
+
+@pytest.mark.browser
 async def test_two_workers_log_a_new_session_in_once(bus, wsettings, site, tmp_path):  # noqa: F811
     """The first worker to find the session missing takes its login lease; the other worker's
     tasks of that session are deferred until the session is stored, then use it."""
@@ -261,6 +283,19 @@ def login_with_password_site(site) -> dict[str, int]:
     return seen
 
 
+def password_sessions_file(tmp_path, name: str, login_url: str):
+    """A sessions file whose rule ``name`` logs in at ``login_url`` typing ``PASSWORD`` into ``#pw``."""
+    path = tmp_path / "sessions.toml"
+    path.write_text(f'''[[session]]
+name = "{name}"
+login_url = "{login_url}"
+login_steps = [{{action = "fill", selector = "#user", value = "alice"}},
+               {{action = "fill", selector = "#pw", value = "{PASSWORD}"}}, {{action = "click", selector = "#go"}}]
+check_selector = "#logout"
+''')
+    return path
+
+
 def unpacked(data: bytes) -> bytes:
     import gzip
 
@@ -278,14 +313,7 @@ async def test_a_login_again_is_never_recorded_and_a_sessions_cookies_are_masked
     from busscrape.artifacts.store import ArtifactStore
 
     seen = login_with_password_site(site)
-    rules = tmp_path / "sessions.toml"
-    rules.write_text(f'''[[session]]
-name = "shop-*"
-login_url = "{site.url('/login')}"
-login_steps = [{{action = "fill", selector = "#user", value = "alice"}},
-               {{action = "fill", selector = "#pw", value = "{PASSWORD}"}}, {{action = "click", selector = "#go"}}]
-check_selector = "#logout"
-''')
+    rules = password_sessions_file(tmp_path, "shop-*", site.url("/login"))
     s = wsettings.with_overrides(worker={"concurrency": 1, "sessions_file": str(rules),
                                          "archive_session_cookies": cookies})
     await provision.apply(bus.js, topology.load(s))

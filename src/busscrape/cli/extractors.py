@@ -70,16 +70,24 @@ def test_cmd(
     url: str | None = typer.Option(None, "--url", help="The page's URL, to resolve relative links (default: the "
                                    "archived URL, the fetched URL, or file://)."),
     folder: Path | None = DIR_OPTION,
+    allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
+                                    help="Open a non-public address to the fetch of a URL (repeatable; adds to "
+                                         "BUSSCRAPE_NETWORK__ALLOW)."),
 ) -> None:
     """Run an extractor on one page, without the bus; print the record. Exit 1 when a required field
-    is missing (the task would be dead-lettered as extraction_failed), 2 for a bad file or page."""
+    is missing (the task would be dead-lettered as extraction_failed), 2 for a bad file or page.
+    A URL is fetched as a worker would be let: under the network policy (non-public addresses
+    refused unless allowed), and at most the worker's max_page_bytes."""
     import orjson
 
     from busscrape.extract import engine
 
-    _, registry = _registry(folder)
+    s, registry = _registry(folder)
     extractor = _named(registry, name)
-    html, page_url = _read_page(page, url)
+    if page.startswith(("http://", "https://")):
+        html, page_url = _fetch_page(s, page, url, allow)
+    else:
+        html, page_url = _read_page(page, url)
     outcome = engine.run(extractor, html, page_url)
     doc: dict[str, Any] = {"extractor": extractor.name, "version": extractor.version, "url": page_url,
                            "record": outcome.record, "ms": outcome.ms}
@@ -104,21 +112,59 @@ def _named(registry: Registry, name: str) -> Any:
         raise typer.Exit(EXIT_CONFIG) from None
 
 
+FETCH_TIMEOUT = 30.0
+
+
+def _fetch_page(s: Settings, page: str, url: str | None, allow: list[str]) -> tuple[str, str]:
+    """The HTML and final URL of ``page``, fetched through the policy (``net.checked``: every
+    redirect hop checked, connections only to checked addresses) and bounded by the worker's
+    ``max_page_bytes``; exit 2 with the reason when refused, unreachable or over the bound."""
+    import asyncio
+
+    import aiohttp
+
+    from busscrape.errors import PolicyBlocked
+    from busscrape.net import checked
+    from busscrape.net.policy import NetworkPolicy
+
+    policy = NetworkPolicy.from_settings([*s.network.allow, *allow])
+    bound = s.worker.max_page_bytes
+
+    async def get() -> checked.Fetched:
+        timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
+        async with checked.session(policy, timeout=timeout, headers={"User-Agent": "busscrape"}) as http:
+            return await checked.fetch(http, policy, page, bound + 1)  # one byte more tells an over-size
+
+    try:
+        got = asyncio.run(get())
+    except PolicyBlocked as exc:
+        err.print(f"[red]error:[/] {safe(page)} is refused by the network policy: {safe(str(exc))} (open an "
+                  "address with --allow or BUSSCRAPE_NETWORK__ALLOW)")
+        raise typer.Exit(EXIT_CONFIG) from None
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        err.print(f"[red]error:[/] cannot fetch {safe(page)}: {safe(str(exc) or type(exc).__name__)}")
+        raise typer.Exit(EXIT_CONFIG) from None
+    if len(got.body) > bound:
+        err.print(f"[red]error:[/] {safe(page)} is over max_page_bytes ({bound} bytes; "
+                  "BUSSCRAPE_WORKER__MAX_PAGE_BYTES): not read further")
+        raise typer.Exit(EXIT_CONFIG)
+    if got.status >= 400 or got.status == 310:
+        err.print(f"[red]error:[/] cannot fetch {safe(page)}: HTTP {got.status} {safe(got.reason)}")
+        raise typer.Exit(EXIT_CONFIG)
+    charset = aiohttp.helpers.parse_mimetype(got.headers.get("Content-Type", "")).parameters.get("charset")
+    try:
+        text = got.body.decode(charset or "utf-8", "replace")
+    except LookupError:  # a charset Python does not know
+        text = got.body.decode("utf-8", "replace")
+    return text, url or got.url
+
+
 def _read_page(page: str, url: str | None) -> tuple[str, str]:
-    """The HTML and URL of a saved file, an archive folder or a URL (exit 2 when unreadable)."""
+    """The HTML and URL of a saved file or an archive folder (exit 2 when unreadable)."""
     import gzip
 
     import orjson
 
-    if page.startswith(("http://", "https://")):
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(page, timeout=30) as answer:
-                return answer.read().decode(answer.headers.get_content_charset() or "utf-8", "replace"), url or page
-        except OSError as exc:
-            err.print(f"[red]error:[/] cannot fetch {safe(page)}: {safe(str(exc))}")
-            raise typer.Exit(EXIT_CONFIG) from None
     path = Path(page)
     if path.is_dir():  # an archive folder: its rendered DOM and the URL meta.json records
         meta = path / "meta.json"

@@ -1,6 +1,8 @@
 """robots.txt: fetched once per origin per crawl through the network policy (``net.checked``: the
 connection goes to the address the policy checked), cached fleet-wide in CRAWLS, read with
-Protego (Google's rules: wildcards, longest match, Allow over Disallow on ties).
+Protego (Google's rules: wildcards, longest match, Allow over Disallow on ties). Within a process
+the asks of one (crawl, origin) share one load: seeding 3,000 sitemap URLs of one site asks once
+(each asking on its own fetched robots.txt 3,000 times at once, and timed them all out).
 
 As Google documents it: a 2xx body is the rules; a 4xx (no robots.txt) allows everything; a 5xx,
 a timeout or a refused connection means "try again later" (``RobotsUnavailable``, retryable:
@@ -11,6 +13,7 @@ the page whose links need it is retried, nothing is queued meanwhile). A cached 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from typing import Any
@@ -74,13 +77,25 @@ class Robots:
         self.policy = policy
         self.user_agent = user_agent
         self._parsed: Lru[tuple[str, str], tuple[float, Protego]] = Lru(cache_size)
+        self._loading: dict[tuple[str, str], asyncio.Future[Protego]] = {}
+        """The loads under way, by (crawl, origin): every ask meanwhile awaits the same one."""
 
     async def rules(self, crawl_id: str, url: str) -> Protego:
-        origin = origin_of(url)
-        now = time.time()
-        cached = self._parsed.get((crawl_id, origin))
-        if cached is not None and now - cached[0] < ROBOTS_TTL:
+        key = (crawl_id, origin_of(url))
+        cached = self._parsed.get(key)
+        if cached is not None and time.time() - cached[0] < ROBOTS_TTL:
             return cached[1]
+        loading = self._loading.get(key)
+        if loading is None:
+            loading = self._loading[key] = asyncio.ensure_future(self._load(*key))
+            loading.add_done_callback(lambda done: self._loading.pop(key, None))
+            loading.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved: not logged
+        # Shielded: one asker given up (its task cancelled) does not cancel the others' load.
+        return await asyncio.shield(loading)
+
+    async def _load(self, crawl_id: str, origin: str) -> Protego:
+        """The rules from CRAWLS, or fetched (and stored there) when not there or too old."""
+        now = time.time()
         record = await self.state.robots(crawl_id, _key(origin))
         if record is None or now - record["fetched_at"] >= ROBOTS_TTL:
             record = _fit({"origin": origin, "fetched_at": now, **await self._fetch(origin)},
@@ -110,7 +125,7 @@ class Robots:
         except PolicyBlocked:
             return {"status": 0, "body": ""}  # its pages are refused by the policy anyway
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise RobotsUnavailable(f"{url}: {exc or type(exc).__name__}") from None
+            raise RobotsUnavailable(f"{url}: {str(exc) or type(exc).__name__}") from None  # a timeout says nothing
         if 200 <= got.status < 300:
             return {"status": got.status, "body": got.body.decode("utf-8", "replace")}
         if 400 <= got.status < 500 or got.status == 310:  # 310: too many redirects; as Google, no robots.txt

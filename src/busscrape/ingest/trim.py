@@ -7,7 +7,10 @@ the ack floor of every durable consumer of RESULTS (the ingesters', and any a us
 the lowest, and purges the stream below the lowest floor it noted ``keep`` seconds ago
 (``streams.results_keep_acked``). A result therefore stays while any durable consumer still needs
 it, and for ``keep`` after the last one acknowledged it (for readers that follow the stream without
-a durable consumer); what RESULTS holds is the backlog, not the history. An abandoned durable
+a durable consumer); what RESULTS holds is the backlog, not the history. The keep window is a
+courtesy, never what stands between the workers and room: when RESULTS is nearly full (``FULL_AT``
+of its ``max_bytes`` or ``max_msgs``: ``discard: new`` refuses results and every worker waits),
+the acknowledged results go at once, down to the floor of now. An abandoned durable
 consumer holds the trim back: ``busscrape status`` shows RESULTS filling, and deleting the consumer
 frees it.
 
@@ -31,6 +34,8 @@ from busscrape.bus.retry import TRANSIENT
 log = structlog.get_logger("busscrape.ingester")
 
 EVERY = 10.0
+FULL_AT = 0.8
+"""RESULTS this full (bytes or messages, of its limits) is short of room: the keep window yields."""
 
 
 class ResultsTrimmer:
@@ -66,11 +71,19 @@ class ResultsTrimmer:
             ripe = self._floors.popleft()[1]
         if ripe is not None:
             self._floors.appendleft((now - self.keep, ripe))  # still the floor for the next look
-            if ripe > 0 and ripe + 1 > self.purged_below:
-                await self._js.purge_stream(names.RESULTS_STREAM, seq=ripe + 1)
-                self.purged_below = ripe + 1
-                log.debug("results.trimmed", below=self.purged_below)
+        if floor > (ripe or 0) and await self._short_of_room():
+            log.info("results.trimmed_for_room", below=floor + 1, kept_until=(ripe or 0) + 1)
+            ripe = floor  # acknowledged by every durable consumer: the workers need the room more
+        if ripe is not None and ripe > 0 and ripe + 1 > self.purged_below:
+            await self._js.purge_stream(names.RESULTS_STREAM, seq=ripe + 1)
+            self.purged_below = ripe + 1
+            log.debug("results.trimmed", below=self.purged_below)
         return self.purged_below
+
+    async def _short_of_room(self) -> bool:
+        info = await self._js.stream_info(names.RESULTS_STREAM)
+        limits = ((info.state.bytes, info.config.max_bytes), (info.state.messages, info.config.max_msgs))
+        return any(limit and limit > 0 and held >= FULL_AT * limit for held, limit in limits)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Trim every ``every`` seconds until ``stopping``."""

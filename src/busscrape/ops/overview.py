@@ -189,7 +189,9 @@ class Overview:
         async def one(crawl_id: str) -> dict[str, Any]:
             entry = await self.bus.js.get_last_msg(stream, f"{prefix}{crawl_id}.spec")
             spec = decode(CrawlSpec, entry.data or b"")
-            pages = await self._stream_info(stream, subjects_filter=f"{prefix}{crawl_id}.page.>")
+            # One token after ``page.``: a page's head record, not the ``<page>.<n>`` parts a
+            # large one overflows into (``CrawlState.record_page``).
+            pages = await self._stream_info(stream, subjects_filter=f"{prefix}{crawl_id}.page.*")
             listed = pages.get("total", len(pages["state"].get("subjects") or {}))
             followed = max(0, listed - 1)  # the seeds' record is not a page
             used, holds = await state.used(crawl_id), await state.holds(crawl_id)

@@ -413,12 +413,13 @@ class Worker(PullService):
         Failing here is the links' failure, never the page's (which is archived, or will be):
         the task is nak'ed for its links alone (the redelivery finds the result and only
         follows, ``_done_before``), and its last delivery records ``follow_failed`` in the crawl
-        (``Frontier.give_up``) and acks; no dead letter."""
+        (``Frontier.give_up``) and acks; no dead letter. A permanent failure (a record over a
+        bound, a rule that cannot be read) is recorded at once: another delivery cannot help."""
         try:
             await self._follow(task, rendered)
             return True
-        except RetryableError as exc:
-            if not 0 < self.failures.max_deliver <= attempt:
+        except (RetryableError, PermanentError) as exc:
+            if isinstance(exc, RetryableError) and not 0 < self.failures.max_deliver <= attempt:
                 await self.retry_later(msg, exc, "task.links_later", reason=exc.reason)
                 return False
             try:
@@ -426,6 +427,8 @@ class Worker(PullService):
             except transient_or(RetryableError) as err:
                 await self.retry_later(msg, err, "task.links_unrecorded", reason=exc.reason)
                 return False
+            except PermanentError as err:  # not even the failure can be recorded: the page stands
+                log.error("crawl.follow_unrecorded", reason=exc.reason, error=str(err)[:500])
             return True
 
     async def _follow(self, task: ScrapeTask, rendered: Rendered | None = None) -> None:
@@ -463,7 +466,8 @@ class Worker(PullService):
             # The slot's lease lost (expired while NATS was away, taken by another worker): the
             # render stops, and the task comes back later (LeaseLost is a deferral). Its clean-up
             # is bounded too (``deadline``): the slot goes however the render ends.
-            return await deadline.within(slot.guard(self.renderer.render(task, before_navigation, follow=follow)),
+            rendering = self.renderer.render(task, before_navigation, follow=follow, sent=slot.sent)
+            return await deadline.within(slot.guard(rendering),
                                          self.settings.worker.task_timeout, grace=deadline.CLEANUP_GRACE, what="render")
         except TimeoutError:
             raise NavigationTimeout(f"task took longer than task_timeout "

@@ -9,7 +9,12 @@ A task may start at a host when three things hold, checked in this order right b
    and the bucket's TTL (``streams.host_lease_ttl``) removes the key: the slot is free again;
 3. the host's next start time (``next.<host>``, wall clock) has come: right before the
    navigation (``Slot.start``: page set-up time does not shift the start) the worker moves it on
-   by ``delay`` + a random jitter with a compare-and-set, so two workers never take one start.
+   with a compare-and-set, so two workers never take one start. The delay is a floor between
+   starts as the site sees them, so it is counted from when the navigation request went out
+   (``Slot.sent``), not from the start's write (the write and the browser's trip to the request
+   take a while, and not the same while for every worker): until the request is sent, the start
+   is held for one more delay (``delay`` + jitter + ``delay`` from the write), and the sent
+   request sets the next start to its own time + ``delay`` + jitter.
 
 When one of them does not hold, ``enter`` answers how long to wait instead of waiting: the worker
 naks the task with that delay (a *deferral*, see ``daemon``), so the task holds no browser slot
@@ -81,6 +86,8 @@ class Slot(Lease):
                  limit: Limit) -> None:
         super().__init__(kv, key, revision, value, ttl)
         self.token, self.limit = token, limit
+        self._taken: tuple[int, float] | None = None
+        """The start this slot took and not yet counted from its request: (revision, gap)."""
 
     async def start(self) -> float:
         """Take the host's next start (moving it on by the delay and a jitter, compare-and-set):
@@ -93,15 +100,33 @@ class Slot(Lease):
             now = time.time()
             if due > now:
                 return due - now
-            following = repr(now + self.limit.delay + random.uniform(0, self.limit.jitter)).encode()
+            gap = self.limit.delay + random.uniform(0, self.limit.jitter)
+            held = repr(now + gap + self.limit.delay).encode()  # until ``sent`` counts from the request
             try:
                 if revision:
-                    await self._kv.update(key, following, last=revision)
+                    taken = await self._kv.update(key, held, last=revision)
                 else:
-                    await self._kv.create(key, following)
-                return 0.0
+                    taken = await self._kv.create(key, held)
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue  # another worker took this start: look again
+            self._taken = (taken, gap)
+            return 0.0
+
+    async def sent(self, at: float) -> None:
+        """The navigation request of the start taken went out at ``at`` (wall clock, read when the
+        browser reported it: never before the site saw it): the host's next start is ``at`` + the
+        gap drawn in ``start``, compare-and-set on that start's revision. Should that not be
+        written (NATS away), the held start stays: a longer gap, never a shorter one."""
+        if self._taken is None:
+            return
+        (revision, gap), self._taken = self._taken, None
+        try:
+            await self._kv.update(f"next.{self.token}", repr(at + gap).encode(), last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            # Another worker took the next start: this request went out over a delay after its start.
+            log.warning("host.start_overtaken", host=host_of(self.token), late=round(time.time() - at, 3))
+        except TRANSIENT as exc:
+            log.warning("host.start_not_moved", host=host_of(self.token), error=repr(exc))
 
     async def start_or_defer(self) -> None:
         """``start``, raising ``Deferred`` when the start is not this worker's to take now (nor
@@ -121,6 +146,9 @@ class Unlimited:
     """The slot of a worker without fleet politeness (``worker.fleet_politeness = false``)."""
 
     async def start_or_defer(self) -> None:
+        return None
+
+    async def sent(self, at: float) -> None:
         return None
 
     async def guard(self, work: Awaitable[T]) -> T:

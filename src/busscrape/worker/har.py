@@ -73,6 +73,8 @@ def _phase(timing: ResourceTiming, start: TimingMark, end: TimingMark) -> float:
 
 
 NOT_EMBEDDED = "body not embedded: over max_body_bytes, or over what the page's HAR may hold (max_har_bytes)"
+POST_TEXT_CHARS = 65536
+"""A request body's text in the HAR is cut at this many characters."""
 
 
 class HarRecorder:
@@ -135,7 +137,14 @@ class HarRecorder:
         }
         if post:
             mime = request.headers.get("content-type", "application/octet-stream")
-            entry["request"]["postData"] = {"mimeType": mime, "text": post.decode("utf-8", "replace")[:65536]}
+            text = post.decode("utf-8", "replace")[:POST_TEXT_CHARS]
+            # A request body counts against the page's HAR as a response body does (50 POSTs
+            # would otherwise hold the HAR's whole budget again, uncounted).
+            if self._room(len(text)):
+                self.embedded_bytes += len(text)
+                entry["request"]["postData"] = {"mimeType": mime, "text": text}
+            else:
+                entry["request"]["postData"] = {"mimeType": mime, "text": "", "comment": NOT_EMBEDDED}
         self._entries[request] = entry
         self._order.append(request)
 
@@ -276,6 +285,9 @@ class HarRecorder:
         for entry in entries:
             entry["response"]["content"].pop("text", None)
             entry["response"]["content"].pop("encoding", None)
+            if entry["request"].get("postData", {}).get("text"):
+                entry["request"] = {**entry["request"], "postData": {
+                    **entry["request"]["postData"], "text": "", "comment": NOT_EMBEDDED}}
         data = orjson.dumps(doc)
         if len(data) > max_bytes:
             raise ValueError(f"HAR of {len(entries)} requests is {len(data)} bytes without bodies, over {max_bytes}")

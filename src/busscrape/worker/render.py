@@ -82,6 +82,15 @@ class _Watch:
             self.warc.close()
 
 
+@dataclass(frozen=True)
+class _Navigation:
+    """The host's politeness around a render's navigation: ``before`` right before the page is
+    requested, ``sent`` with the time the browser sent that request."""
+
+    before: Callable[[], Awaitable[None]] | None
+    sent: Callable[[float], Coroutine[Any, Any, None]] | None
+
+
 class Renderer:
     def __init__(self, pool: BrowserPool, policy: NetworkPolicy, egress: EgressProxy | Egresses | None,
                  settings: WorkerSettings, proxies: Proxies | None = None,
@@ -107,22 +116,25 @@ class Renderer:
         chore.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     async def render(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None = None,
-                     follow: str | None = None) -> Rendered:
+                     follow: str | None = None,
+                     sent: Callable[[float], Coroutine[Any, Any, None]] | None = None) -> Rendered:
         """``before_navigation`` runs right before the page is requested (the host's start is
         taken there: page set-up time does not shift it); what it raises ends the render.
-        ``follow``: the CSS selector of the links to read from the page (crawl tasks)."""
+        ``sent`` is told when the browser sent that request (wall clock; the host's delay counts
+        from there). ``follow``: the CSS selector of the links to read from the page (crawl tasks)."""
+        nav = _Navigation(before_navigation, sent)
         await self.policy.check_url(task.url)
         name = task.options.session
         if name is None:
-            return await self._render(task, before_navigation, None, follow)
+            return await self._render(task, nav, None, follow)
         if self.sessions is None:
             raise InvalidTask(f"task names session {name!r} but this worker has no sessions file "
                               "(BUSSCRAPE_WORKER__SESSIONS_FILE)", reason="unknown_session")
         rule = self.sessions.rule(name)
         async with self.sessions.lock(name):  # one login per session, not one per slot
-            return await self._render(task, before_navigation, rule, follow)
+            return await self._render(task, nav, rule, follow)
 
-    async def _render(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None,
+    async def _render(self, task: ScrapeTask, nav: _Navigation,
                       rule: SessionRule | None, follow: str | None) -> Rendered:
         # An expired session is read too (its login count goes on), but starts from nothing.
         stored = await self.sessions.store.get(rule_name(task), expired=True) if rule and self.sessions else None
@@ -130,7 +142,7 @@ class Renderer:
         if rule is not None and (stored is None or stored.expires_at <= time.time()):
             lease, stored = await self._claim_login(rule_name(task), stored)
         try:
-            rendering = self._render_in_tab(task, before_navigation, rule, follow, stored)
+            rendering = self._render_in_tab(task, nav, rule, follow, stored)
             # A login lease lost (expired, another worker logs in now) stops this login and render.
             return await (lease.guard(rendering) if lease is not None else rendering)
         finally:
@@ -157,22 +169,26 @@ class Renderer:
             return None, again
         return lease, again if again is not None else stored
 
-    async def _render_in_tab(self, task: ScrapeTask, before_navigation: Callable[[], Awaitable[None]] | None,
+    async def _render_in_tab(self, task: ScrapeTask, nav: _Navigation,
                              rule: SessionRule | None, follow: str | None, stored: Stored | None) -> Rendered:
         opts = task.options
         upstream, listener = await self._proxy_for(task, stored.proxy if stored is not None else None)
         fresh = stored is not None and stored.expires_at > time.time()
         state = None if rule is None else stored.state if fresh and stored else {"cookies": [], "origins": []}
         relogin: Lease | None = None
+        proxy = upstream.url if upstream is not None else None
         async with self.pool.tab(user_agent=opts.user_agent, proxy=listener, session=state) as tab:
             try:
                 await tab.begin(viewport=(opts.viewport.width, opts.viewport.height), headers=dict(opts.headers))
                 logged_in = rule is not None and not fresh
                 if rule is not None and logged_in:
                     await self._login(tab, rule, task)
+                    # Stored at once: should the visit be deferred (the host's start taken while
+                    # the login ran), the next delivery uses this login instead of typing it again.
+                    stored = await self._keep_session(tab, task, rule, stored, True, proxy)
                 watch = await self._watch(tab, task)
                 try:
-                    rendered = await self._visit(tab, task, watch, before_navigation, follow)
+                    rendered = await self._visit(tab, task, watch, nav, follow)
                     if rule is not None and not logged_in and not await _session_holds(tab.page, rule):
                         # The check failed: logged out. Logged in again once for the fleet, as a
                         # new session is: every worker whose page fails at once would log in.
@@ -182,17 +198,17 @@ class Renderer:
                         watch.detach()
                         watch.discard()
                         await self._login(tab, rule, task)
-                        logged_in = True
+                        stored = await self._keep_session(tab, task, rule, stored, True, proxy)
                         watch = await self._watch(tab, task, block=False)
-                        rendered = await self._visit(tab, task, watch, before_navigation, follow)
+                        rendered = await self._visit(tab, task, watch, nav, follow)
                 except BaseException:
                     watch.discard()  # its temporary file: no capture will carry it
                     raise
                 finally:
                     watch.detach()
-                rendered.proxy = upstream.url if upstream is not None else None
-                if rule is not None:
-                    await self._keep_session(tab, task, rule, stored, logged_in, rendered.proxy)
+                rendered.proxy = proxy
+                if rule is not None:  # the cookies the page set (the login is stored already)
+                    await self._keep_session(tab, task, rule, stored, False, proxy)
                 return rendered
             except PlaywrightTimeout as exc:
                 raise NavigationTimeout(f"{task.url}: {first_line(exc)}", reason="page_timeout") from None
@@ -216,8 +232,9 @@ class Renderer:
         log.info("session.logged_in", session=task.options.session)
 
     async def _keep_session(self, tab: Tab, task: ScrapeTask, rule: SessionRule, stored: Stored | None,
-                            logged_in: bool, proxy: str | None) -> None:
-        """Store the context's state back: cookies the task's pages set carry on."""
+                            logged_in: bool, proxy: str | None) -> Stored:
+        """Store the context's state back: cookies the task's pages set carry on. ``logged_in``:
+        it is a new login (its time, TTL and count start again). Returns what was stored."""
         assert self.sessions is not None and task.options.session is not None
         now = time.time()
         state = await storage_state(tab.context)
@@ -228,6 +245,7 @@ class Renderer:
             kept = Stored(task.options.session, state, stored.logged_in_at, stored.expires_at, proxy, stored.logins)
         if (left_out := await self.sessions.store.put(kept)) is not None:
             log.warning("session.too_large", session=kept.name, left_out=left_out)
+        return kept
 
     async def _proxy_for(self, task: ScrapeTask, prefer: str | None = None) -> tuple[Upstream | None, str | None]:
         """The task's upstream proxy (``net/proxies.py``) and the egress listener in front of it."""
@@ -285,14 +303,31 @@ class Renderer:
             watch.listeners.extend(watch.warc.listeners())
         return watch
 
-    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch,
-                     before_navigation: Callable[[], Awaitable[None]] | None, follow: str | None = None) -> Rendered:
+    async def _visit(self, tab: Tab, task: ScrapeTask, watch: _Watch, nav: _Navigation,
+                     follow: str | None = None) -> Rendered:
         timeout = task.options.navigation_timeout or self.settings.navigation_timeout
         tab.page.set_default_timeout(timeout * 1000)
-        if before_navigation is not None:
-            await before_navigation()
+        if nav.before is not None:
+            await nav.before()
         started = time.perf_counter()
-        response = await self._navigate(tab.page, task, watch, timeout)
+        if nav.sent is None:
+            response = await self._navigate(tab.page, task, watch, timeout)
+        else:
+            told = nav.sent
+            page = tab.page
+
+            def on_request(request: Request) -> None:
+                # The first request of the navigation, read as the browser reports it (after it
+                # went out): told at once, not when the page has loaded (the next start waits on it).
+                if request.is_navigation_request() and request.frame == page.main_frame:
+                    page.remove_listener("request", on_request)
+                    self._spawn(told(time.time()))
+
+            page.on("request", on_request)
+            try:
+                response = await self._navigate(page, task, watch, timeout)
+            finally:
+                page.remove_listener("request", on_request)
         navigated = time.perf_counter()
         status, headers, chain = self._answer(tab.page, response)
         shots = await self._steps(tab, task, timeout)
