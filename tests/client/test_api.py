@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import duckdb
+import orjson
 import pytest
 
 import busscrape
@@ -151,3 +152,23 @@ async def test_a_page_whose_worker_was_killed_mid_render_is_yielded_once(tmp_pat
         await killer
     assert sorted(seen) == sorted([site.url("/first-hangs"), site.url("/static")])  # each once
     assert len(hits) >= 2 and run.summary.archived == 2 and run.summary.failed_daemons == []
+
+
+@pytest.mark.s3
+async def test_a_page_archived_to_s3_reads_its_artifacts_through_the_archive_settings(tmp_path, site, embedded, s3,
+                                                                                     monkeypatch):
+    pages.install(site)
+    bucket = f"api-{os.getpid()}"
+    for key, value in s3.settings(bucket).items():
+        monkeypatch.setenv(f"BUSSCRAPE_S3__{key.upper()}", str(value))
+    async with busscrape.run([site.url("/static")], **embedded) as run:
+        seen = [page async for page in run]
+    assert [p.dead for p in seen] == [None]
+    page = seen[0]
+    assert page.folder.startswith(f"s3://{bucket}/") and page.title == "Static page"
+    assert b"Plain server-rendered text." in page.read("page.html")  # stored as page.html.gz, read unpacked
+    assert orjson.loads(page.read("meta.json"))["url"] == site.url("/static")
+    with pytest.raises(FileNotFoundError, match=r"no nothing.txt"):
+        page.read("nothing.txt")
+    assert not (tmp_path / ".busscrape" / "archive").exists() or not any((tmp_path / ".busscrape" / "archive").rglob(
+        "meta.json"))  # nothing of it on disk: what read() returned came from S3
