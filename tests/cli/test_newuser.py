@@ -239,6 +239,8 @@ def test_crawl_progress_does_not_claim_a_dispatch(capsys):
     ("--include", "(", "--include: '(' is not a regular expression"),
     ("--sitemap-since", "yesterday", "--sitemap-since 'yesterday': must be an ISO 8601 date or time"),
     ("--depth", "-1", "--depth -1: must be at least 0"),
+    ("--depth", "x", "Invalid value for '--depth': 'x': not an integer"),
+    ("--max-pages", "many", "Invalid value for '--max-pages': 'many': not an integer"),
 ])
 def test_crawl_flag_errors_name_the_flag_the_value_and_what_it_accepts(tmp_path, flag, value, said):
     result = busscrape("crawl", "http://x.test/", flag, value, cwd=tmp_path)

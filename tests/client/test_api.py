@@ -90,7 +90,7 @@ async def test_leaving_a_crawl_early_stops_everything_and_a_resumed_crawl_yields
 
 
 async def test_bad_arguments_raise_configuration_error_naming_them(tmp_path, embedded):
-    with pytest.raises(busscrape.ConfigurationError, match=r"depth='x'"):
+    with pytest.raises(busscrape.ConfigurationError, match=r"depth='x': not an integer$"):
         busscrape.crawl("http://127.0.0.2/", depth="x")
     with pytest.raises(busscrape.ConfigurationError, match=r"no argument bogus="):
         busscrape.run(["http://127.0.0.2/"], bogus=1)
