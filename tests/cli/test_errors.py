@@ -56,7 +56,7 @@ def test_a_bad_flag_value_names_the_flag():
 
 @pytest.mark.parametrize(("steps", "line"), [
     ("nope", "--steps 'nope': not valid JSON (expected ident at line 1 column 2); write a JSON list of steps or @FILE"),
-    ('{"action": "sleep"}', """--steps '{"action": "sleep"}': not a list; write a JSON list of steps"""),
+    ('{"action": "sleep"}', """--steps '{"action": "sleep"}': not a list; write a list of steps"""),
     ('[{"action": "scroll", "mode": "sideways"}]',
      """--steps '[{"action": "scroll", "mode": "sideways"}]': step 1 mode: not one of 'bottom' or 'infinite'"""),
     ('[{"selector": "#a"}]', """--steps '[{"selector": "#a"}]': step 1: no action; write "action": one of 'goto', """

@@ -274,7 +274,7 @@ def build_options(**given: Any) -> TaskOptions:
 def parse_steps(value: str) -> tuple[Step, ...]:
     from pydantic import TypeAdapter, ValidationError
 
-    from busscrape.model.steps import Steps
+    from busscrape.model.steps import Steps, describe_errors
     from busscrape.settings.problems import shown
 
     text = value
@@ -286,38 +286,4 @@ def parse_steps(value: str) -> tuple[Step, ...]:
     try:
         return TypeAdapter(Steps).validate_json(text)
     except ValidationError as exc:
-        usage(f"--steps {shown('steps', value)}: " + "; ".join(step_problem(e) for e in exc.errors()[:5]))
-
-
-def step_problem(error: Any) -> str:
-    """One pydantic error of ``--steps`` as the step, its field and what is accepted
-    (``step 2: action 'wait' is not one of 'goto', 'click' …``)."""
-    from busscrape.settings.problems import reason
-
-    loc, ctx = error["loc"], error.get("ctx") or {}
-    if error["type"] == "union_tag_not_found":
-        why = f"no action; write \"action\": one of {_actions()}"
-    elif error["type"] == "union_tag_invalid":
-        why = f"action {ctx.get('tag')!r} is not one of {_actions()}"
-    elif error["type"] == "json_invalid":
-        why = f"not valid JSON ({ctx.get('error')}); write a JSON list of steps or @FILE"
-    elif error["type"] == "extra_forbidden":
-        why = "not a field of this action"
-    elif error["type"] in ("list_type", "tuple_type"):
-        why = "not a list; write a JSON list of steps ([{\"action\": \"click\", \"selector\": \"#more\"}])"
-    else:
-        why = reason(error)
-    if not loc or not isinstance(loc[0], int):
-        return why
-    field = ".".join(str(part) for part in loc[2:])
-    return f"step {loc[0] + 1}{f' {field}' if field else ''}: {why}"
-
-
-def _actions() -> str:
-    from typing import get_args
-
-    from busscrape.model.steps import Step
-
-    kinds = get_args(get_args(Step)[0])  # Step is Annotated[Goto | WaitFor | …, Field(discriminator=…)]
-    names = [get_args(kind.model_fields["action"].annotation)[0] for kind in kinds]
-    return ", ".join(repr(n) for n in names)
+        usage(f"--steps {shown('steps', value)}: {describe_errors(exc)}")
