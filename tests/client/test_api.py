@@ -121,6 +121,31 @@ async def test_python_extractors_run_in_the_worker_and_their_failures_fail_only_
                     (site.url("/static"), "Static page", ["Static", "Plain"], None)]
 
 
+async def test_a_python_extractor_that_hangs_or_returns_no_json_fails_its_task_not_the_worker(tmp_path, site, embedded,
+                                                                                           monkeypatch):
+    pages.install(site)
+    folder = tmp_path / "extractors"
+    folder.mkdir()
+    (folder / "hangs.py").write_text("import time\n\ndef extract(page):\n    time.sleep(3600)\n")
+    (folder / "odd.py").write_text("def extract(page):\n    return {'at': object()}\n")
+    (folder / "fine.py").write_text("def extract(page):\n    return {'title': page.css('title::text').get()}\n")
+    monkeypatch.setenv("BUSSCRAPE_EXTRACT__DIR", str(folder))
+    specs = [{"url": site.url("/js"), "extractor": "odd"}, {"url": site.url("/noise"), "extractor": "fine"}]
+    async with busscrape.run(specs, **embedded) as run:
+        seen = {page.url: page async for page in run}
+    odd = seen[site.url("/js")]
+    assert odd.dead == "extraction_not_json" and "not JSON" in odd.error, odd
+    assert seen[site.url("/noise")].dead is None and seen[site.url("/noise")].extracted == {"title": "Noise"}
+    # A hang on its own (a stall replaces the pool's processes: an extraction beside it in them
+    # would be retried, and with one attempt it would die of the stall too).
+    monkeypatch.setenv("BUSSCRAPE_EXTRACT__TIMEOUT", "3s")
+    monkeypatch.setenv("BUSSCRAPE_STREAMS__WORKER_MAX_DELIVER", "1")  # one attempt: the stall is not retried
+    async with busscrape.run([{"url": site.url("/static"), "extractor": "hangs"}], **embedded) as run:
+        [hung] = [page async for page in run]
+    assert hung.dead == "extraction_timeout" and "its process was replaced" in hung.error, hung
+    assert not run.summary.failed_daemons  # the worker did not die of it
+
+
 async def test_a_page_whose_worker_was_killed_mid_render_is_yielded_once(tmp_path, site, embedded, monkeypatch):
     import asyncio
     import signal
