@@ -74,7 +74,8 @@ def test_steps_errors_name_the_step_the_field_and_what_is_accepted(steps, line):
 
 def test_task_with_a_bad_spec_blames_the_spec_not_the_url():
     result = busscrape("task", "https://example.com/", "--spec", '{"artifacts": ["htm"]}')
-    assert_told(result, "--spec: artifacts.0: Input should be 'html', 'screenshot', 'har', 'text' or 'warc'")
+    assert_told(result, "--spec: artifacts.0: not one of 'html', 'screenshot', 'har', 'text' or 'warc' (got 'htm')")
+    assert "Input should" not in result.stderr
     assert "reject it as a URL" not in result.stderr
 
 
