@@ -96,7 +96,7 @@ async def test_bad_arguments_raise_configuration_error_naming_them(tmp_path, emb
         busscrape.run(["http://127.0.0.2/"], bogus=1)
     with pytest.raises(busscrape.ConfigurationError, match=r"concurrency= '0': must be at least 1"):
         busscrape.run(["http://127.0.0.2/"], concurrency=0)
-    with pytest.raises(busscrape.ConfigurationError, match=r"--output x.xlsx"):
+    with pytest.raises(busscrape.ConfigurationError, match=r"output= x.xlsx: write a .jsonl"):  # before the run
         await busscrape.run(["http://127.0.0.2/"], output="x.xlsx")
 
 
