@@ -239,8 +239,41 @@ def test_crawl_progress_does_not_claim_a_dispatch(capsys):
     ("--include", "(", "--include: '(' is not a regular expression"),
     ("--sitemap-since", "yesterday", "--sitemap-since 'yesterday': must be an ISO 8601 date or time"),
     ("--depth", "-1", "--depth -1: must be at least 0"),
+    ("--depth", "x", "Invalid value for '--depth': 'x': not an integer"),
+    ("--max-pages", "many", "Invalid value for '--max-pages': 'many': not an integer"),
 ])
 def test_crawl_flag_errors_name_the_flag_the_value_and_what_it_accepts(tmp_path, flag, value, said):
     result = busscrape("crawl", "http://x.test/", flag, value, cwd=tmp_path)
     assert result.returncode == 2 and said in result.stderr, result.stderr
     assert "Input should" not in result.stderr and "Value error" not in result.stderr
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_crawl_and_run_say_what_they_did_as_documented(tmp_path, site):
+    """#36.17 through the commands: a crawl without --max-pages claims no budget and says in words
+    why links were not followed, its progress line claims no dispatch; every key of `run --json`
+    is in the documentation's list."""
+    from pathlib import Path
+
+    from tests.support import pages
+
+    crawl_site.install(site)
+    pages.install(site)
+    env = clean_env(BUSSCRAPE_STATE_DIR=str(tmp_path / "state"))
+    opened = [arg for h in site.hosts for arg in ("--allow", f"{h}/32")]
+    crawled = busscrape("crawl", site.url("/"), "--depth", "1", "--robots", "ignore", "-w", "1", *opened, env=env,
+                        cwd=tmp_path, timeout=300)
+    assert crawled.returncode == 0, crawled.stderr[-3000:]
+    caption = " ".join(crawled.stdout.split())
+    assert " queued" in caption and "budget" not in caption and "--max-pages" not in caption, caption
+    assert "links not followed on " in caption and " page(s) at --depth" in caption, caption
+    progress = [line for line in crawled.stderr.splitlines() if " · archived " in line]
+    assert progress and all(line.startswith("queued ") for line in progress), crawled.stderr
+    (tmp_path / "urls.txt").write_text(site.url("/static") + "\n")
+    ran = busscrape("run", "urls.txt", "--json", "-w", "1", *opened[:2], env=env, cwd=tmp_path, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    doc = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert doc["archived_now"] == 1 and "earlier" in doc
+    documented = Path(__file__).parents[2].joinpath("docs", "getting-started.md").read_text()
+    assert [key for key in doc if f"`{key}`" not in documented] == []

@@ -53,7 +53,24 @@ def test_a_toml_file_gives_run_its_input_as_a_list(tmp_path):
 
 @pytest.mark.parametrize(("text", "said"), [
     ("depht: 3\n", "crawl.yaml: unknown key 'depht' (value 3)"),
-    ("depth: deep\n", "crawl.yaml: depth='deep': Input should be a valid integer"),
+    ("depth: deep\n", "crawl.yaml: depth='deep': not an integer"),
+    ("depth: -1\n", "crawl.yaml: depth=-1: must be at least 0"),
+    ("scope: bogus\n", "crawl.yaml: scope='bogus': must be one of 'page', 'prefix', 'host', 'domain' or 'any'"),
+    ("max_pages: 0\n", "crawl.yaml: max_pages=0: must be at least 1"),
+    ("include: ['(']\n", "crawl.yaml: include=['(']: '(' is not a regular expression: missing ) at position 1"),
+    ("exclude: '[a'\n", "crawl.yaml: exclude='[a': '[a' is not a regular expression"),
+    ("sitemap_since: yesterday\n", "crawl.yaml: sitemap_since='yesterday': must be an ISO 8601 date or time"),
+    ("steps: [{action: fill, value: x}]\n", "crawl.yaml: steps=[{'action': 'fill', 'value': 'x'}]: step 1 selector: "
+                                            "required"),
+    ("steps: [{action: 'on: hover'}]\n", "crawl.yaml: steps=[{'action': 'on: hover'}]: step 1: action 'on: hover' "
+                                          "is not one of 'goto', 'wait_for'"),
+    ("steps: 'not json'\n", "crawl.yaml: steps='not json': not valid JSON"),
+    ("extractor: nope\n", "crawl.yaml: extractor='nope': no extractor 'nope'"),
+    ("output: pages.xlsx\n", "crawl.yaml: output='pages.xlsx' ({dir}/pages.xlsx): write a .jsonl, .csv or .parquet "
+                              "file"),
+    ("viewport: 12\n", "crawl.yaml: viewport=12: write WIDTHxHEIGHT"),
+    ("label: [nolabel]\n", "crawl.yaml: label=['nolabel'] ('nolabel'): write KEY=VALUE"),
+    ("robots: maybe\n", "crawl.yaml: robots='maybe': "),
     ("settings: {worker: {host_concurency: 2}}\n", "unknown setting settings.worker.host_concurency (value 2)"),
     ("settings: {worker: {host_concurrency: many}}\n", "crawl.yaml: settings.worker.host_concurrency='many'"),
     ("settings: {wrker: {a: 1}}\n", "unknown settings section 'wrker'"),
@@ -63,7 +80,34 @@ def test_an_unknown_key_or_a_bad_value_is_exit_2_naming_file_key_and_value(tmp_p
     (tmp_path / "crawl.yaml").write_text("seeds: [http://127.0.0.2/]\n" + text)
     done = cli("crawl", "--config", "crawl.yaml", cwd=tmp_path, env=settings_env(tmp_path))
     assert done.returncode == 2, done.stderr
-    assert said in done.stderr and done.stdout == ""
+    assert said.replace("{dir}", str(tmp_path)) in done.stderr and done.stdout == ""
+    assert "Input should" not in done.stderr and "Value error" not in done.stderr
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("seeds: ['not a url']\n", "crawl.yaml: seeds=['not a url'] ('not a url'): whitespace ' ' at position 3"),
+    ("seeds: [http://127.0.0.2/, 'ftp://127.0.0.2/']\n", "crawl.yaml: seeds=['http://127.0.0.2/', "
+                                                        "'ftp://127.0.0.2/'] ('ftp://127.0.0.2/'): "),
+])
+def test_a_bad_seed_in_the_file_is_named_with_the_file_and_the_key(tmp_path, text, said):
+    (tmp_path / "crawl.yaml").write_text(text)
+    done = cli("crawl", "--config", "crawl.yaml", cwd=tmp_path, env=settings_env(tmp_path))
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_a_missing_input_is_named_as_the_file_wrote_it_and_where_that_is(tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "run.yaml").write_text("input: urls.txt\n")
+    done = cli("run", "--config", "job/run.yaml", cwd=tmp_path, env=settings_env(tmp_path))
+    assert done.returncode == 2
+    assert f"job/run.yaml: input='urls.txt' ({tmp_path}/job/urls.txt): No such file or directory" in done.stderr
+
+
+def test_a_flag_given_beside_the_file_is_named_as_the_flag(tmp_path):
+    (tmp_path / "crawl.yaml").write_text("seeds: [http://127.0.0.2/]\nscope: host\n")
+    done = cli("crawl", "--config", "crawl.yaml", "--scope", "bogus", cwd=tmp_path, env=settings_env(tmp_path))
+    assert done.returncode == 2
+    assert "error: --scope 'bogus': must be one of" in done.stderr and "crawl.yaml" not in done.stderr
 
 
 def test_parquet_without_pyarrow_is_one_line_and_exit_2(tmp_path):

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import duckdb
+import orjson
 import pytest
 
 import busscrape
@@ -89,13 +90,13 @@ async def test_leaving_a_crawl_early_stops_everything_and_a_resumed_crawl_yields
 
 
 async def test_bad_arguments_raise_configuration_error_naming_them(tmp_path, embedded):
-    with pytest.raises(busscrape.ConfigurationError, match=r"depth='x'"):
+    with pytest.raises(busscrape.ConfigurationError, match=r"depth='x': not an integer$"):
         busscrape.crawl("http://127.0.0.2/", depth="x")
     with pytest.raises(busscrape.ConfigurationError, match=r"no argument bogus="):
         busscrape.run(["http://127.0.0.2/"], bogus=1)
     with pytest.raises(busscrape.ConfigurationError, match=r"concurrency= '0': must be at least 1"):
         busscrape.run(["http://127.0.0.2/"], concurrency=0)
-    with pytest.raises(busscrape.ConfigurationError, match=r"--output x.xlsx"):
+    with pytest.raises(busscrape.ConfigurationError, match=r"output= x.xlsx: write a .jsonl"):  # before the run
         await busscrape.run(["http://127.0.0.2/"], output="x.xlsx")
 
 
@@ -118,6 +119,31 @@ async def test_python_extractors_run_in_the_worker_and_their_failures_fail_only_
                       "order by url").fetchall()
     assert rows == [(site.url("/js"), None, None, "extraction_failed"),
                     (site.url("/static"), "Static page", ["Static", "Plain"], None)]
+
+
+async def test_a_python_extractor_that_hangs_or_returns_no_json_fails_its_task_not_the_worker(tmp_path, site, embedded,
+                                                                                           monkeypatch):
+    pages.install(site)
+    folder = tmp_path / "extractors"
+    folder.mkdir()
+    (folder / "hangs.py").write_text("import time\n\ndef extract(page):\n    time.sleep(3600)\n")
+    (folder / "odd.py").write_text("def extract(page):\n    return {'at': object()}\n")
+    (folder / "fine.py").write_text("def extract(page):\n    return {'title': page.css('title::text').get()}\n")
+    monkeypatch.setenv("BUSSCRAPE_EXTRACT__DIR", str(folder))
+    specs = [{"url": site.url("/js"), "extractor": "odd"}, {"url": site.url("/noise"), "extractor": "fine"}]
+    async with busscrape.run(specs, **embedded) as run:
+        seen = {page.url: page async for page in run}
+    odd = seen[site.url("/js")]
+    assert odd.dead == "extraction_not_json" and "not JSON" in odd.error, odd
+    assert seen[site.url("/noise")].dead is None and seen[site.url("/noise")].extracted == {"title": "Noise"}
+    # A hang on its own (a stall replaces the pool's processes: an extraction beside it in them
+    # would be retried, and with one attempt it would die of the stall too).
+    monkeypatch.setenv("BUSSCRAPE_EXTRACT__TIMEOUT", "3s")
+    monkeypatch.setenv("BUSSCRAPE_STREAMS__WORKER_MAX_DELIVER", "1")  # one attempt: the stall is not retried
+    async with busscrape.run([{"url": site.url("/static"), "extractor": "hangs"}], **embedded) as run:
+        [hung] = [page async for page in run]
+    assert hung.dead == "extraction_timeout" and "its process was replaced" in hung.error, hung
+    assert not run.summary.failed_daemons  # the worker did not die of it
 
 
 async def test_a_page_whose_worker_was_killed_mid_render_is_yielded_once(tmp_path, site, embedded, monkeypatch):
@@ -151,3 +177,23 @@ async def test_a_page_whose_worker_was_killed_mid_render_is_yielded_once(tmp_pat
         await killer
     assert sorted(seen) == sorted([site.url("/first-hangs"), site.url("/static")])  # each once
     assert len(hits) >= 2 and run.summary.archived == 2 and run.summary.failed_daemons == []
+
+
+@pytest.mark.s3
+async def test_a_page_archived_to_s3_reads_its_artifacts_through_the_archive_settings(tmp_path, site, embedded, s3,
+                                                                                     monkeypatch):
+    pages.install(site)
+    bucket = f"api-{os.getpid()}"
+    for key, value in s3.settings(bucket).items():
+        monkeypatch.setenv(f"BUSSCRAPE_S3__{key.upper()}", str(value))
+    async with busscrape.run([site.url("/static")], **embedded) as run:
+        seen = [page async for page in run]
+    assert [p.dead for p in seen] == [None]
+    page = seen[0]
+    assert page.folder.startswith(f"s3://{bucket}/") and page.title == "Static page"
+    assert b"Plain server-rendered text." in page.read("page.html")  # stored as page.html.gz, read unpacked
+    assert orjson.loads(page.read("meta.json"))["url"] == site.url("/static")
+    with pytest.raises(FileNotFoundError, match=r"no nothing.txt"):
+        page.read("nothing.txt")
+    assert not (tmp_path / ".busscrape" / "archive").exists() or not any((tmp_path / ".busscrape" / "archive").rglob(
+        "meta.json"))  # nothing of it on disk: what read() returned came from S3

@@ -88,7 +88,7 @@ def test_messages_are_frozen():
         (b'{"schema_version": 99, "task_id": "x"}', "unsupported_schema_version", "99"),
         (b'{"schema_version": 1, "task_id": "nothex", "original_url": "u"}', "invalid_schema", "task_id"),
         (b'{"schema_version": 1, "task_id": "' + b"0" * 32 + b'", "original_url": "u"}', "invalid_schema",
-         "url: Field required"),
+         "url: required"),
     ],
 )
 def test_malformed_payloads_raise_the_typed_error(payload, reason, says):

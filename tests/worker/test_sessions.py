@@ -185,11 +185,19 @@ async def test_an_expired_session_logs_in_again(bus, wsettings, site, tmp_path):
     assert {r.title for r in await results(bus.js)} == {"secret of alice"}
 
 
-def test_a_bad_sessions_file_names_the_rule(tmp_path):
+@pytest.mark.parametrize(("field", "said"), [
+    ('login_steps = [{action = "fly"}]', "login_steps: step 1: action 'fly' is not one of 'goto', 'wait_for', "),
+    ('login_steps = [{action = "fill", value = "x"}]', "login_steps: step 1 selector: required"),
+    ('login_steps = [{action = "click", selector = "#a", force = 1}]', "login_steps: step 1 force: not a field of"),
+    ('ttl = "soon"', "ttl: not a duration: 'soon'"),
+])
+def test_a_bad_sessions_file_names_the_rule_the_field_and_what_is_accepted(tmp_path, field, said):
     path = tmp_path / "s.toml"
-    path.write_text('[[session]]\nname = "x"\nlogin_url = "http://h/"\nlogin_steps = [{action = "fly"}]\n')
-    with pytest.raises(ConfigurationError, match=r"#1 \(x\)"):
+    path.write_text(f'[[session]]\nname = "x"\nlogin_url = "http://h/"\n{field}\n')
+    with pytest.raises(ConfigurationError) as caught:
         read_rules(path)
+    assert str(caught.value).startswith(f"{path}: [[session]] #1 (x): {said}"), caught.value
+    assert "validation error" not in str(caught.value) and "Input" not in str(caught.value)
 
 
 @pytest.mark.browser

@@ -35,8 +35,23 @@ EPILOG = (
 # wrap at 80 columns, split paths mid-hash and cut table cells with "…".
 _UNBOUNDED = 1_000_000
 
+class _Commands(typer.core.TyperGroup):
+    """The top group: a flag value Typer could not convert is said in a few words."""
+
+    def invoke(self, ctx: Any) -> Any:
+        from busscrape.cli.config_file import click_errors, plain
+
+        try:
+            return super().invoke(ctx)
+        except click_errors().BadParameter as exc:
+            # Typer converts through pydantic ("Input should be a valid integer, unable to …").
+            exc.message = plain(exc, with_value=True)
+            raise
+
+
 app = typer.Typer(
     name="busscrape",
+    cls=_Commands,
     help="An event-driven browser-scraping bus over NATS JetStream.",
     epilog=EPILOG,
     no_args_is_help=True,

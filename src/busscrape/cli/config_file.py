@@ -17,6 +17,7 @@ so the file, the command line and the Python API share every rule.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -32,8 +33,15 @@ FILE_SETTINGS: ContextVar[tuple[str, Path, dict[str, Any]] | None] = ContextVar(
                                                                                  default=None)
 """(the file's name, its folder, its ``settings`` table) while a command reads one."""
 
+FROM_FILE: ContextVar[dict[str, tuple[str, str, Any, str]] | None] = ContextVar("busscrape_from_file", default=None)
+"""While a command reads a file: by the label its errors begin with (``--max-pages``, ``INPUT``),
+the file, the key, the value as written and the parameter's name, for ``located``."""
+
 ARGUMENT_KEYS = {"source": "input"}
 """A command argument's key where it is not the parameter's own name."""
+
+ARGUMENT_LABELS = {"input": "INPUT", "seeds": "seed"}
+"""What an argument's errors begin with (``INPUT x.txt: …``, ``seed 'x': …``); an option's is its long flag."""
 
 SETTING_OF = {"nats_url": "nats.url", "concurrency": "worker.concurrency", "archive": "archive.dir",
               "recrawl_after": "dispatch.recrawl_after", "strip_tracking": "dispatch.strip_tracking",
@@ -46,15 +54,20 @@ PATH_KEYS = frozenset({"input", "output", "archive", "rejects"})
 
 
 def click_errors() -> Any:
-    """The exceptions of the click the commands are built on: Typer 0.2x builds them on a click of
-    its own (``typer._click``; ``cli.reference`` says the same), so parameters are read through their
+    """The exceptions of the click the commands are built on."""
+    return click_module("exceptions")
+
+
+def click_module(name: str) -> Any:
+    """A module of the click the commands are built on: Typer 0.2x builds them on a click of its
+    own (``typer._click``; ``cli.reference`` says the same), so parameters are read through their
     attributes, never ``isinstance`` against the ``click`` package."""
     import importlib
 
     try:
-        return importlib.import_module("typer._click.exceptions")
+        return importlib.import_module(f"typer._click.{name}")
     except ImportError:  # a Typer on the click package
-        return importlib.import_module("click.exceptions")
+        return importlib.import_module(f"click.{name}")
 
 
 def is_argument(param: Any) -> bool:
@@ -68,6 +81,12 @@ def key_of(param: Any) -> str:
         return ARGUMENT_KEYS.get(param.name or "", param.name or "")
     long: str = next((o for o in param.opts if o.startswith("--")), param.opts[0])
     return long.lstrip("-").replace("-", "_")
+
+
+def label_of(param: Any) -> str:
+    """What an error about the parameter's value begins with: its long flag, or an argument's name."""
+    key = key_of(param)
+    return ARGUMENT_LABELS.get(key, key) if is_argument(param) else "--" + key.replace("_", "-")
 
 
 def parameters(command: Any) -> dict[str, Any]:
@@ -116,6 +135,8 @@ def callback(ctx: Any, param: Any, value: str | None) -> str | None:
     doc, folder = read(value)
     params = parameters(ctx.command)
     defaults: dict[str, Any] = {}
+    given_by: dict[str, tuple[str, str, Any, str]] = {}
+    FROM_FILE.set(given_by)
     for key, given in doc.items():
         if key == "settings":
             if not isinstance(given, dict):
@@ -132,13 +153,83 @@ def callback(ctx: Any, param: Any, value: str | None) -> str | None:
         if setting is not None and "BUSSCRAPE_" + setting.upper().replace(".", "__") in os.environ:
             continue  # the variable beats the file
         converted = _value(value, key, target, given, folder)
+        given_by[label_of(target)] = (value, str(key), given, target.name or name)
         try:
             target.process_value(ctx, converted)  # the option's own conversion and checks
         except click_errors().BadParameter as exc:
-            fail(f"{value}: {key}={given!r}: {exc.message}")
+            fail(f"{value}: {key}={given!r}: {plain(exc)}")
         defaults[target.name or name] = converted
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+def plain(exc: Any, *, with_value: bool = False) -> str:
+    """A ``BadParameter``'s reason in a few words (``with_value``: after the value, quoted): Typer
+    converts values through pydantic, whose wording (``Input should be a valid integer, unable to
+    parse string …``) is said plainly."""
+    from pydantic import ValidationError
+
+    from busscrape.settings.problems import reason
+
+    cause = exc.__cause__
+    if not isinstance(cause, ValidationError) or not cause.errors():
+        return str(exc.message)
+    error = cause.errors()[0]
+    value = error.get("input")
+    shown = with_value and isinstance(value, str | int | float)
+    return f"{value!r}: {reason(error)}" if shown else reason(error)
+
+
+def located(message: str) -> str:
+    """A usage error about a value the ``--config`` file gave, said as the file, its key and the
+    value as written (``crawl.yaml: scope='bogus': must be one of …``) rather than as the flag
+    the file stood for; ``message`` as it is otherwise. Parts joined by ``; `` are each looked at."""
+    given_by = FROM_FILE.get()
+    if not given_by:
+        return message
+    context = click_module("globals").get_current_context(silent=True)
+    return "; ".join(_located(part, given_by, context) for part in message.split("; "))
+
+
+def _located(part: str, given_by: dict[str, tuple[str, str, Any, str]], context: Any) -> str:
+    for label, (file, key, given, name) in given_by.items():
+        rest = part.removeprefix(label)
+        if rest == part or rest[:1] not in (" ", ":"):
+            continue
+        source = context.get_parameter_source(name) if context is not None else None
+        if source is not None and source.name != "DEFAULT_MAP":
+            return part  # the command line gave it: the flag is the right name
+        # "--flag VALUE: reason" or "--flag: reason"; VALUE is said again when it is not the file's
+        # own text (a path made the file's, one item of a list).
+        shown, reason = _split_value(rest)
+        value = f"{key}={given!r}" + (f" ({shown})" if _says_more(shown, given) else "")
+        return f"{file}: {value}: {reason}"
+    return part
+
+
+def _split_value(rest: str) -> tuple[str, str]:
+    """``" 'a: b': reason"`` → ``("'a: b'", "reason")``: a quoted value ends where its quote does."""
+    import ast
+
+    at = rest.find(": ")
+    while at != -1:
+        shown = rest[:at].strip()
+        if not shown.startswith(("'", '"')):
+            return shown, rest[at + 2:]
+        with contextlib.suppress(ValueError, SyntaxError):
+            ast.literal_eval(shown)
+            return shown, rest[at + 2:]
+        at = rest.find(": ", at + 1)
+    return "", rest.lstrip(": ")
+
+
+def _says_more(shown: str, given: Any) -> bool:
+    """Whether the flag's message said of the value more than the file's own text: the path a
+    relative one became, or which item of a list is wrong (not the value re-encoded, as JSON)."""
+    if not shown or shown in (str(given), repr(given)):
+        return False
+    items = given if isinstance(given, list) else []
+    return isinstance(given, str) or shown in {text for item in items for text in (str(item), repr(item))}
 
 
 def _value(file: str, key: str, param: Any, given: Any, folder: Path) -> Any:

@@ -85,6 +85,7 @@ def crawl_cmd(
         _print(progress, task.as_json)
         raise typer.Exit(0)
     task.check()
+    options.check_output(output)
     _refuse_list_flags(task)
     if task.artifacts is None:  # a crawl is a web archive: its pages carry their WARC unless told otherwise
         from busscrape.model.messages import CRAWL_ARTIFACTS

@@ -201,7 +201,9 @@ def task_defaults(*, steps: str | None = None, artifacts: str | None = None, lab
 
 def usage(message: str) -> NoReturn:
     from busscrape.cli import embedding
+    from busscrape.cli.config_file import located
 
+    message = located(message)  # a value from --config is named as the file's key
     embedding.refuse(message)
     err.print(f"[red]error:[/] {safe(message)}", soft_wrap=True)
     raise typer.Exit(EXIT_CONFIG)
@@ -216,6 +218,20 @@ def check_input(source: str) -> None:
             pass
     except OSError as exc:
         usage(f"INPUT {source}: {exc.strerror or exc}")
+
+
+def check_output(target: str | None) -> None:
+    """Exit 2 at once when ``-o`` names no format busscrape writes (or Parquet without pyarrow):
+    before the run starts, not once its first page lands."""
+    from busscrape.dataset.writer import dataset_format
+    from busscrape.errors import ConfigurationError
+
+    if target is None:
+        return
+    try:
+        dataset_format(target)
+    except ConfigurationError as exc:
+        usage(str(exc))
 
 
 def csv(value: str | None) -> list[str] | None:
@@ -260,8 +276,8 @@ def build_options(**given: Any) -> TaskOptions:
 def parse_steps(value: str) -> tuple[Step, ...]:
     from pydantic import TypeAdapter, ValidationError
 
-    from busscrape.model.messages import describe_validation_error
-    from busscrape.model.steps import Steps
+    from busscrape.model.steps import Steps, describe_errors
+    from busscrape.settings.problems import shown
 
     text = value
     if value.startswith("@"):
@@ -272,4 +288,4 @@ def parse_steps(value: str) -> tuple[Step, ...]:
     try:
         return TypeAdapter(Steps).validate_json(text)
     except ValidationError as exc:
-        usage(f"--steps: {describe_validation_error(exc)}")
+        usage(f"--steps {shown('steps', value)}: {describe_errors(exc)}")

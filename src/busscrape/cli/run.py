@@ -60,6 +60,7 @@ def run_cmd(
     from busscrape.ops.runner import RunOptions
 
     options.check_input(source)
+    options.check_output(output)
     task.check()
     base = settings()
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},

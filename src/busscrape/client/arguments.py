@@ -72,7 +72,7 @@ def argv(name: str, cmd: Any, positional: list[str], kwargs: dict[str, Any]) -> 
 def plan(name: str, positional: list[str], kwargs: dict[str, Any]) -> Handoff:
     """What the ``name`` command builds from ``kwargs``: its settings and run options."""
     from busscrape.cli import embedding
-    from busscrape.cli.config_file import click_errors, key_of
+    from busscrape.cli.config_file import click_errors, key_of, plain
 
     cmd = command(name)
     args = argv(name, cmd, positional, kwargs)
@@ -88,7 +88,7 @@ def plan(name: str, positional: list[str], kwargs: dict[str, Any]) -> Handoff:
         return handoff
     except errors.BadParameter as exc:
         key = key_of(exc.param) if exc.param is not None else "?"
-        raise ConfigurationError(f"busscrape.{name}(): {key}={kwargs.get(key)!r}: {exc.message}") from None
+        raise ConfigurationError(f"busscrape.{name}(): {key}={kwargs.get(key)!r}: {plain(exc)}") from None
     except errors.ClickException as exc:
         raise ConfigurationError(f"busscrape.{name}(): {spoken(exc.format_message())}") from None
     except ConfigurationError as exc:

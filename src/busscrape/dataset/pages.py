@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 if TYPE_CHECKING:
     from busscrape.archive.storage import Storage
-    from busscrape.settings import Settings
+    from busscrape.settings import S3Settings, Settings
     from busscrape.status.records import TaskStatus
+
+T = TypeVar("T")
 
 ROW_FIELDS = ("url", "final_url", "status", "title", "task_id", "archived_at", "folder", "extracted", "dead_reason")
 """The dataset's columns (``-o``), in order."""
@@ -47,22 +51,29 @@ class Page:
     """A dead page's error text."""
     archived_at: datetime | None = None
     """When its outcome was recorded."""
-    _blobs: Any = field(default=None, repr=False, compare=False)
+    _s3: S3Settings | None = field(default=None, repr=False, compare=False)
+    """The archive's S3 settings, for ``read`` of an ``s3://`` folder."""
 
     def read(self, name: str) -> bytes:
         """An artifact of the archived folder, decompressed (``page.html``, ``page.txt``,
         ``screenshot.png``, ``extracted.json``, ``meta.json`` …); ``FileNotFoundError`` when the
-        folder has no such file."""
+        folder has no such file. An ``s3://`` folder is read through the archive's own S3
+        settings (those the ingester wrote it with)."""
         if self.folder is None:
             raise FileNotFoundError(f"{self.url}: dead-lettered ({self.dead}), nothing archived")
+        # The archive stores text gzip-compressed under NAME.gz, images as they are under NAME.
+        names = (name, f"{name}.gz")
         if self.folder.startswith("s3://"):
-            raise NotImplementedError("Page.read of an s3:// folder: read it with your S3 client")
-        folder = Path(self.folder)
-        if (folder / name).is_file():
-            return (folder / name).read_bytes()
-        if (folder / f"{name}.gz").is_file():
-            return gzip.decompress((folder / f"{name}.gz").read_bytes())
-        raise FileNotFoundError(f"{self.folder}: no {name}")
+            if self._s3 is None:
+                raise FileNotFoundError(f"{self.folder}: no S3 settings to read it with")
+            found = _blocking(_first_in_s3(self._s3, self.folder, names))
+        else:
+            found = next(((n, (Path(self.folder) / n).read_bytes()) for n in names
+                          if (Path(self.folder) / n).is_file()), None)
+        if found is None:
+            raise FileNotFoundError(f"{self.folder}: no {name}")
+        stored_name, data = found
+        return gzip.decompress(data) if stored_name != name else data
 
     def row(self) -> dict[str, Any]:
         """The page's dataset row (``ROW_FIELDS``)."""
@@ -117,7 +128,8 @@ class PageFeed:
             extracted = orjson.loads(raw)["record"] if raw else None
         return Page(url=meta.get("url") or status.url or "", task_id=status.task_id, final_url=meta.get("final_url"),
                     status=meta.get("status", status.status), title=meta.get("title"), folder=folder,
-                    extracted=extracted, archived_at=status.at)
+                    extracted=extracted, archived_at=status.at,
+                    _s3=self.settings.s3 if folder.startswith("s3://") else None)
 
     async def _get(self, folder: str, name: str) -> bytes | None:
         if not folder.startswith("s3://"):
@@ -128,8 +140,32 @@ class PageFeed:
 
             self._storage = open_storage(self.settings)
             await self._storage.__aenter__()
-        bucket_and_key = folder.removeprefix("s3://").split("/", 1)
-        return await self._storage.get(f"{bucket_and_key[1]}/{name}" if len(bucket_and_key) > 1 else name)
+        return await self._storage.get(_s3_key(folder, name)[1])
+
+
+def _s3_key(folder: str, name: str) -> tuple[str, str]:
+    """The bucket and key of ``name`` in an ``s3://bucket/prefix…/task`` folder."""
+    bucket, _, prefix = folder.removeprefix("s3://").partition("/")
+    return bucket, f"{prefix}/{name}" if prefix else name
+
+
+async def _first_in_s3(cfg: S3Settings, folder: str, names: tuple[str, ...]) -> tuple[str, bytes] | None:
+    """The first of ``names`` the S3 folder has, with its stored bytes."""
+    from busscrape.archive.storage.s3 import S3Storage
+
+    bucket = _s3_key(folder, "")[0]
+    async with S3Storage(cfg.model_copy(update={"bucket": bucket}), max_uploads=1) as storage:
+        for name in names:
+            if (data := await storage.get(_s3_key(folder, name)[1])) is not None:
+                return name, data
+    return None
+
+
+def _blocking(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` to its end from synchronous code, in or out of a running event loop: on its
+    own loop in a thread (``Page.read`` is called from inside ``async for page in run``)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def _where(archive: str) -> str:

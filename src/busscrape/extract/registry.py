@@ -35,17 +35,23 @@ class UnknownExtractor(ConfigurationError):
 
 
 def describe(exc: ValidationError, limit: int = 5) -> str:
-    """``fields.price.type: Input should be 'str', 'int' … (got 'money')`` for the first few errors."""
+    """``fields.price.type: not one of 'str', 'int' … (got 'money')`` for the first few errors, in
+    a few words rather than pydantic's."""
+    from busscrape.settings.problems import reason
+
+    errors = exc.errors()
+    places = [tuple(str(p) for p in err["loc"] if not str(p).startswith("function-after")) for err in errors]
     parts = []
-    for err in exc.errors()[:limit]:
-        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after")) or "(file)"
-        message = err["msg"].removeprefix("Value error, ")
-        if err["type"] in ("literal_error", "missing", "extra_forbidden", "int_parsing", "greater_than_equal") \
+    for err, where in zip(errors, places, strict=True):
+        if err["type"] == "too_short" and any(len(o) > len(where) and o[:len(where)] == where for o in places):
+            continue  # a list whose item failed is "too short" too (the item is not counted): said by the item
+        message = "unknown key" if err["type"] == "extra_forbidden" else reason(err)
+        if err["type"] in ("literal_error", "int_parsing", "greater_than_equal") \
                 and "input" in err and not isinstance(err["input"], dict):
             message += f" (got {err['input']!r})"
-        parts.append(f"{where}: {message}")
-    if exc.error_count() > limit:
-        parts.append(f"… and {exc.error_count() - limit} more")
+        parts.append(f"{'.'.join(where) or '(file)'}: {message}")
+    if len(parts) > limit:
+        parts[limit:] = [f"… and {len(parts) - limit} more"]
     return "; ".join(parts)
 
 

@@ -370,12 +370,22 @@ def decode(kind: type[M], data: bytes | str) -> M:
         raise MessageDecodeError(f"{kind.__name__}: {detail}", reason="invalid_schema") from None
 
 
+_SAYS_GOT = frozenset({"literal_error", "int_parsing", "float_parsing", "bool_parsing", "greater_than",
+                       "greater_than_equal", "less_than", "less_than_equal"})
+
+
 def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:
-    """``url: Field required; options.viewport.width: Input should be …`` (first few errors)."""
+    """``url: required; options.viewport.width: must be at least 320`` (first few errors), in a few
+    words rather than pydantic's (``Field required``, ``Input should be …``)."""
+    from busscrape.settings.problems import reason
+
     parts = []
     for err in exc.errors()[:limit]:
         where = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{where}: {err['msg']}" if where else err["msg"])  # no place: the whole input is wrong
+        why = "unknown field" if err["type"] == "extra_forbidden" else reason(err)
+        if err["type"] in _SAYS_GOT and isinstance(err.get("input"), str | int | float):
+            why += f" (got {err['input']!r})"  # an enumeration's or a number's: never free text, a header's
+        parts.append(f"{where}: {why}" if where else why)  # no place: the whole input is wrong
     more = exc.error_count() - limit
     if more > 0:
         parts.append(f"… and {more} more")

@@ -14,9 +14,9 @@ executes them (``busscrape.render``).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from busscrape.net.addresses import CREDENTIALS_INSTEAD, has_credentials
 from busscrape.units import Duration
@@ -144,3 +144,36 @@ def _unique_screenshot_names(steps: tuple[Step, ...]) -> tuple[Step, ...]:
 
 Steps = Annotated[tuple[Step, ...], AfterValidator(_unique_screenshot_names)]
 """A task's step list: wherever one is read (task, JSONL line, ``--steps``)."""
+
+
+def describe_errors(exc: ValidationError, limit: int = 5) -> str:
+    """What is wrong with a step list, in a few words: the step, its field and what is accepted
+    (``step 2: action 'wait' is not one of 'goto', 'click' …``; ``step 1 selector: required``)."""
+    return "; ".join(_problem(error) for error in exc.errors()[:limit])
+
+
+def _problem(error: Any) -> str:
+    from busscrape.settings.problems import reason
+
+    loc, ctx = error["loc"], error.get("ctx") or {}
+    if error["type"] == "union_tag_not_found":
+        why = f'no action; write "action": one of {_actions()}'
+    elif error["type"] == "union_tag_invalid":
+        why = f"action {ctx.get('tag')!r} is not one of {_actions()}"
+    elif error["type"] == "json_invalid":
+        why = f"not valid JSON ({ctx.get('error')}); write a JSON list of steps or @FILE"
+    elif error["type"] == "extra_forbidden":
+        why = "not a field of this action"
+    elif error["type"] in ("list_type", "tuple_type"):
+        why = 'not a list; write a list of steps ([{"action": "click", "selector": "#more"}])'
+    else:
+        why = reason(error)
+    if not loc or not isinstance(loc[0], int):
+        return why
+    field = ".".join(str(part) for part in loc[2:])  # (number, action, field …)
+    return f"step {loc[0] + 1}{f' {field}' if field else ''}: {why}"
+
+
+def _actions() -> str:
+    kinds = get_args(get_args(Step)[0])  # Step is Annotated[Goto | WaitFor | …, Field(discriminator=…)]
+    return ", ".join(repr(get_args(kind.model_fields["action"].annotation)[0]) for kind in kinds)

@@ -42,6 +42,9 @@ def reason(error: Any) -> str:
               "less_than": "less than {lt}", "less_than_equal": "at most {le}"}
     if kind in bounds:
         return "must be " + bounds[kind].format(**ctx)
+    if kind in ("too_short", "too_long"):
+        bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+        return f"must have at {'least' if kind == 'too_short' else 'most'} {bound} item(s)"
     if kind == "literal_error":
         return f"not one of {ctx.get('expected')}"
     if kind == "json_invalid":

@@ -44,7 +44,7 @@ from busscrape.bus import names, payloads
 from busscrape.bus.retry import TRANSIENT
 from busscrape.bus.scan import kv_latest
 from busscrape.errors import ConfigurationError, InvalidTask, StorageUnavailable
-from busscrape.model.steps import Steps
+from busscrape.model.steps import Steps, describe_errors
 from busscrape.units import parse_duration
 from busscrape.worker.fleet_gate import host_token
 from busscrape.worker.leases import Lease, take
@@ -80,9 +80,12 @@ def read_rules(path: Path | None) -> tuple[SessionRule, ...]:
             raise ConfigurationError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
         try:
             steps = _STEPS.validate_python(raw.get("login_steps", []))
+        except ValidationError as exc:
+            raise ConfigurationError(f"{where} ({raw['name']}): login_steps: {describe_errors(exc)}") from None
+        try:
             ttl = parse_duration(raw.get("ttl", "1h"))
-        except (ValidationError, ValueError, TypeError) as exc:
-            raise ConfigurationError(f"{where} ({raw['name']}): {exc}") from None
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"{where} ({raw['name']}): ttl: {exc}") from None
         rules.append(SessionRule(raw["name"], raw["login_url"], tuple(steps), raw.get("check_selector"),
                                  raw.get("check_url"), ttl))
     return tuple(rules)
