@@ -132,6 +132,20 @@ class S3Server:
                 "bucket": bucket, "secure": self.tls is not None}
 
 
+def bucket_exists(server: S3Server, bucket: str) -> bool:
+    """Whether the server holds ``bucket`` (asked with botocore, not through the code under test)."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id=server.access_key,
+                          aws_secret_access_key=server.secret_key, verify=str(server.tls.ca) if server.tls else None)
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError:
+        return False
+    return True
+
+
 def wait_http(url: str, timeout: float = 30) -> None:
     import urllib.request
 

@@ -182,9 +182,12 @@ class Runner:
             self._dispatcher.stop()
 
     def archive_location(self) -> str:
+        from busscrape.archive.storage import location_of
+
         s = self.settings
-        if s.s3.endpoint:
-            return f"s3://{s.s3.bucket}/{s.archive.prefix}".rstrip("/")
+        where = location_of(s)
+        if "://" in where:
+            return f"{where.rstrip('/')}/{s.archive.prefix}".rstrip("/")
         return str((s.archive_dir() / s.archive.prefix).resolve())
 
     async def run(self) -> RunSummary:
