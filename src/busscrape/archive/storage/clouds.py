@@ -6,7 +6,7 @@ authorized-user file), ``GOOGLE_SERVICE_ACCOUNT`` …, else the metadata server 
 identity); for Azure ``AZURE_STORAGE_ACCOUNT_NAME`` with ``AZURE_STORAGE_ACCOUNT_KEY`` or a SAS or a
 service principal (``AZURE_CLIENT_ID`` / ``_SECRET`` / ``AZURE_TENANT_ID``), a federated token file
 (AKS workload identity) or managed identity. Added here, the variables the clouds' own SDKs honour
-that ``object_store`` does not: ``STORAGE_EMULATOR_HOST`` (a GCS emulator, unsigned) and
+that ``object_store`` does not: ``STORAGE_EMULATOR_HOST`` (a GCS emulator, no credentials) and
 ``AZURE_STORAGE_CONNECTION_STRING`` (its ``AccountName``, ``AccountKey`` and ``BlobEndpoint``, as
 Azurite prints it). Buckets and containers are not created: a missing one stops the process at
 start with its name.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from busscrape.archive.storage.objects import RETRY, ObjectStorage, client_options
 
 if TYPE_CHECKING:
-    from obstore.store import AzureConfig, GCSConfig, ObjectStore
+    from obstore.store import AzureConfig, GCSConfig, GCSCredential, ObjectStore
 
 
 class GCSStorage(ObjectStorage):
@@ -38,12 +38,18 @@ class GCSStorage(ObjectStorage):
 
         config: GCSConfig = {}
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
-        if emulator:
-            config["base_url"] = emulator if "://" in emulator else f"http://{emulator}"
-            config["skip_signature"] = True
-        insecure = config.get("base_url", "https://").startswith("http://")
+        if not emulator:
+            return GCSStore(self.bucket, prefix=self.prefix or None, client_options=client_options(allow_http=False),
+                            retry_config=RETRY)
+        # An emulator takes no credentials: a placeholder token, as Google's own SDKs send it one.
+        config["base_url"] = emulator if "://" in emulator else f"http://{emulator}"
         return GCSStore(self.bucket, prefix=self.prefix or None, config=config,
-                        client_options=client_options(allow_http=insecure), retry_config=RETRY)
+                        client_options=client_options(allow_http=config["base_url"].startswith("http://")),
+                        retry_config=RETRY, credential_provider=_emulator_token)
+
+
+def _emulator_token() -> GCSCredential:
+    return {"token": "emulator", "expires_at": None}
 
 
 class AzureStorage(ObjectStorage):

@@ -125,9 +125,13 @@ class ObjectStorage(Storage):
     endpoint_hint = "the archive location (--archive, BUSSCRAPE_ARCHIVE__URL)"
 
     async def _probe(self) -> None:
-        stream = obstore.list(self.store, prefix=None, chunk_size=1)
-        async for _ in stream:
-            break
+        # A read of a key that is not there: it needs the endpoint, the credentials and the bucket
+        # (a missing bucket answers NoSuchBucket, not a missing key), and every store and emulator has it.
+        try:
+            await obstore.get_async(self.store, ".busscrape-probe")
+        except FileNotFoundError as exc:
+            if code_of(exc) in MISSING_CODES:
+                raise
 
     async def _put(self, key: str, chunks: AsyncIterable[bytes], *, content_type: str,
                    content_encoding: str | None, durable: bool) -> None:
