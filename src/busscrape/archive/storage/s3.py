@@ -72,6 +72,8 @@ class S3Storage(ObjectStorage):
                          max_uploads=max_uploads)
         self.fixed_keys = cfg.access_key is not None and cfg.secret_key is not None
         self.endpoint: str | None = None
+        self.provider: BotocoreCredentials | None = None
+        """What signs the requests (set on entering)."""
         self._boto: dict[str, object] = {}
 
     @property
@@ -132,6 +134,7 @@ class S3Storage(ObjectStorage):
                     "or the fixed-key form BUSSCRAPE_S3__ACCESS_KEY and BUSSCRAPE_S3__SECRET_KEY")
             self._boto["session"] = session
             provider = BotocoreCredentials(credentials)
+        self.provider = provider
         return S3Store(self.bucket, prefix=self.prefix or None, config=config, client_options=options,
                        retry_config=RETRY, credential_provider=provider)
 
