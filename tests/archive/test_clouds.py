@@ -8,7 +8,6 @@ reaching the server, a missing key read as none, and an outage as ``StorageUnava
 data path is the same ``ObjectStorage`` code tested on S3 and Azure.
 """
 
-import asyncio
 import os
 import uuid
 from pathlib import Path
@@ -22,6 +21,7 @@ from busscrape.archive.storage.local import FileStorage
 from busscrape.archive.storage.s3 import S3Storage
 from busscrape.errors import ArtifactUnusable, ConfigurationError, StorageUnavailable
 from busscrape.settings import Settings
+from tests.archive.test_storage import chunks
 from tests.conftest import ENV_AT_START
 from tests.support.clouds import Azurite, GcsEmulator, azurite_binary, unavailable
 
@@ -44,13 +44,18 @@ def gcs(tmp_path_factory):
     server.stop()
 
 
+async def opened(server, monkeypatch, create, url: str, **s3):
+    """The storage at ``url`` (its bucket or container made by ``create``), through the server's env."""
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    name = f"t{uuid.uuid4().hex[:12]}"
+    create(name)
+    return open_storage(Settings(archive={"url": url.format(name)}, s3=s3))
+
+
 @pytest.fixture
 async def azure(azurite, monkeypatch):
-    for name, value in azurite.env().items():
-        monkeypatch.setenv(name, value)
-    container = f"t{uuid.uuid4().hex[:12]}"
-    azurite.create_container(container)
-    store = open_storage(Settings(archive={"url": f"az://{container}/runs/one"}, s3={"part_size": "5MiB"}))
+    store = await opened(azurite, monkeypatch, azurite.create_container, "az://{}/runs/one", part_size="5MiB")
     assert isinstance(store, AzureStorage)
     async with store:
         yield store
@@ -58,22 +63,10 @@ async def azure(azurite, monkeypatch):
 
 @pytest.fixture
 async def google(gcs, monkeypatch):
-    for name, value in gcs.env().items():
-        monkeypatch.setenv(name, value)
-    bucket = f"t{uuid.uuid4().hex[:12]}"
-    gcs.create_bucket(bucket)
-    store = open_storage(Settings(archive={"url": f"gs://{bucket}/runs/one"}))
+    store = await opened(gcs, monkeypatch, gcs.create_bucket, "gs://{}/runs/one")
     assert isinstance(store, GCSStorage)
     async with store:
         yield store
-
-
-async def chunks(data: bytes, size: int = 256 * 1024, fail: BaseException | None = None):
-    for i in range(0, len(data), size):
-        yield data[i:i + size]
-        await asyncio.sleep(0)
-    if fail is not None:
-        raise fail
 
 
 @pytest.mark.s3

@@ -106,8 +106,8 @@ async def test_web_identity_goes_through_sts_and_signs_with_its_temporary_creden
     used = store.provider()
     # Issued by moto's STS for the role (not a key anyone configured), and the one that signed.
     assert used["access_key_id"].startswith("ASIA") and used["token"]
-    who = aws(checked_s3, "sts", aws_access_key_id=used["access_key_id"], aws_secret_access_key=used["secret_access_key"],
-              aws_session_token=used["token"]).get_caller_identity()
+    who = aws(checked_s3, "sts", aws_access_key_id=used["access_key_id"],
+              aws_secret_access_key=used["secret_access_key"], aws_session_token=used["token"]).get_caller_identity()
     assert who["Arn"] == f"arn:aws:sts::{ACCOUNT}:assumed-role/archiver/busscrape-ingester"
 
 

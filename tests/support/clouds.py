@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.net import TcpProxy, free_port, wait_port
+from tests.support.net import ProxiedServer, TcpProxy, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # Azurite's well-known development account (public, in Microsoft's documentation).
@@ -42,14 +42,12 @@ def unavailable(what: str, env: dict[str, str]) -> None:
     pytest.skip(f"{what} is not installed (scripts/bootstrap.sh test installs it)")
 
 
-class _Emulator:
-    """A server process behind a ``TcpProxy``: ``start()``, ``outage()``/``restore()``, ``stop()``."""
+class _Emulator(ProxiedServer):
+    """An emulator process behind a ``TcpProxy``."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = free_port()
-        self.proxy: TcpProxy | None = None
-        self._process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -69,24 +67,9 @@ class _Emulator:
         assert self.proxy is not None
         return f"http://{self.proxy.host}:{self.proxy.port}"
 
-    def outage(self) -> None:
-        assert self.proxy is not None
-        self.proxy.down()
-
-    def restore(self) -> None:
-        assert self.proxy is not None
-        self.proxy.up()
-
-    def stop(self) -> None:
-        if self.proxy:
-            self.proxy.close()
-        if self._process and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(10)
+    def env(self) -> dict[str, str]:
+        """The standard environment its cloud's clients read to reach it."""
+        raise NotImplementedError
 
 
 class Azurite(_Emulator):

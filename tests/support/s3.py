@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.net import TcpProxy, free_port, wait_port
+from tests.support.net import ProxiedServer, TcpProxy, free_port, wait_port
 from tests.support.pki import Issued
 
 ACCESS_KEY = "busscrape-test"
@@ -31,7 +31,7 @@ def docker_available() -> bool:
         return False
 
 
-class S3Server:
+class S3Server(ProxiedServer):
     """Start with ``start()``, stop with ``stop()``; ``outage()``/``restore()`` toggle the endpoint."""
 
     def __init__(self, workdir: Path, *, tls: Issued | None = None, check_credentials: bool = False) -> None:
@@ -111,24 +111,8 @@ class S3Server:
         assert self.proxy is not None
         return f"{self.proxy.host}:{self.proxy.port}"
 
-    def outage(self) -> None:
-        """Refuse connections (the stored objects survive)."""
-        assert self.proxy is not None
-        self.proxy.down()
-
-    def restore(self) -> None:
-        assert self.proxy is not None
-        self.proxy.up()
-
     def stop(self) -> None:
-        if self.proxy:
-            self.proxy.close()
-        if self._process and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
+        super().stop()
         if self._container is not None:
             self._container.stop()
 

@@ -269,7 +269,8 @@ class Runner:
             # the server picks its own, and the daemons start after it.
             early = attempt == 1
             server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary,
-                                        die_with_parent=True, port=free_port("127.0.0.1") if early else None)
+                                        die_with_parent=True, port=free_port("127.0.0.1") if early else None,
+                                        memory=settings.nats.server_memory)
             # Registered before the daemons: the server stops after them (they drain through it).
             stack.callback(self.pids.remove, NATS_PID)
             stack.callback(server.stop)

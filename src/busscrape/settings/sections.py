@@ -87,6 +87,10 @@ class NatsSettings(_Section):
     """Timeout of JetStream API requests and synchronous publishes."""
     server_binary: str | None = None
     """Path of the nats-server binary for the embedded server (default: found on PATH)."""
+    server_memory: Size = Field("1GiB", ge=64 * 2**20, validate_default=True)
+    """Memory the embedded nats-server is given: its Go runtime's soft limit (``GOMEMLIMIT``) is
+    90% of it, as compose, the Kubernetes manifests and the NATS Helm chart set it from the
+    container's limit (a ``GOMEMLIMIT`` in the environment wins)."""
     monitor_url: str | None = None
     """The server's HTTP monitoring endpoint (``http://nats:8222``). When set, ``busscrape status``
     reads the workers' lag from its ``/jsz`` exactly as KEDA's nats-jetstream scaler does;
