@@ -173,3 +173,20 @@ def test_connection_strings_read_as_azure_sdks_do():
                                "BlobEndpoint=https://acct.blob.example/;")
     assert config == {"account_name": "acct", "account_key": "a2V5==", "endpoint": "https://acct.blob.example"}
     assert connection_string("UseDevelopmentStorage=true") == {"use_emulator": True}
+
+
+@pytest.mark.s3
+async def test_a_runs_pages_are_read_back_from_the_cloud_archive(azure):
+    from busscrape.dataset.pages import PageFeed
+    from busscrape.status.records import TaskStatus
+
+    folder = "dt=2025-01-01/host=a/t1"
+    await azure.put_bytes(f"{folder}/meta.json", b'{"url": "https://a.example/", "title": "A"}',
+                          content_type="application/json")
+    feed = PageFeed(Settings(archive={"url": azure.url}))
+    try:
+        page = await feed.page(TaskStatus(task_id="t1", state="archived", archive=f"{azure.url}/{folder}"))
+    finally:
+        if feed._storage is not None:
+            await feed._storage.close()
+    assert (page.url, page.title, page.folder) == ("https://a.example/", "A", f"{azure.url}/{folder}")

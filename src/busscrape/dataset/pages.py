@@ -120,16 +120,15 @@ class PageFeed:
                     extracted=extracted, archived_at=status.at)
 
     async def _get(self, folder: str, name: str) -> bytes | None:
-        if not folder.startswith("s3://"):
+        from busscrape.archive.storage import CLOUD_SCHEMES, open_storage
+
+        if folder.split("://", 1)[0] not in CLOUD_SCHEMES:
             path = Path(folder) / name
             return await asyncio.to_thread(path.read_bytes) if path.is_file() else None
-        if self._storage is None:
-            from busscrape.archive.storage import open_storage
-
+        if self._storage is None:  # the configured archive: s3://, gs:// or az://
             self._storage = open_storage(self.settings)
             await self._storage.__aenter__()
-        bucket_and_key = folder.removeprefix("s3://").split("/", 1)
-        return await self._storage.get(f"{bucket_and_key[1]}/{name}" if len(bucket_and_key) > 1 else name)
+        return await self._storage.get(f"{self._storage.key_of(folder)}/{name}")
 
 
 def _where(archive: str) -> str:
