@@ -14,6 +14,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import obstore
 import orjson
 import pytest
 
@@ -132,10 +133,10 @@ async def test_a_result_is_archived_at_the_documented_keys_and_its_artifacts_rel
         "page.html.gz", "screenshot.png", "page.har.gz", "page.txt.gz", "shot-footer.png", "meta.json"))
     meta = await assert_archived(s3_storage, result, files)
     assert meta["scraped_at"].startswith("2025-06-30T23:59:58")
-    html = await s3_storage.client.stat_object(s3_storage.bucket, f"{folder}/page.html.gz")
-    assert html.content_type == "text/html; charset=utf-8" and html.metadata["Content-Encoding"] == "gzip"
-    png = await s3_storage.client.stat_object(s3_storage.bucket, f"{folder}/screenshot.png")
-    assert png.content_type == "image/png" and "Content-Encoding" not in png.metadata
+    html = await obstore.get_async(s3_storage.store, f"{folder}/page.html.gz")
+    assert html.attributes == {"Content-Type": "text/html; charset=utf-8", "Content-Encoding": "gzip"}
+    png = await obstore.get_async(s3_storage.store, f"{folder}/screenshot.png")
+    assert png.attributes == {"Content-Type": "image/png"}
     assert ingester.counters["archived"] == 1
     store = ArtifactStore(applied.js)
     assert not any([await store.exists(ref) for ref in result.artifacts])  # released after the ack
