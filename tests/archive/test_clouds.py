@@ -19,7 +19,7 @@ from busscrape.archive.storage import open_storage
 from busscrape.archive.storage.clouds import AzureStorage, GCSStorage, connection_string
 from busscrape.archive.storage.local import FileStorage
 from busscrape.archive.storage.s3 import S3Storage
-from busscrape.errors import ArtifactUnusable, ConfigurationError, StorageUnavailable
+from busscrape.errors import ArtifactUnusable, ConfigurationError, StorageRefused, StorageUnavailable
 from busscrape.settings import Settings
 from tests.archive.test_storage import chunks
 from tests.conftest import ENV_AT_START
@@ -190,3 +190,11 @@ async def test_a_runs_pages_are_read_back_from_the_cloud_archive(azure):
         if feed._storage is not None:
             await feed._storage.close()
     assert (page.url, page.title, page.folder) == ("https://a.example/", "A", f"{azure.url}/{folder}")
+
+
+@pytest.mark.s3
+async def test_a_key_the_store_cannot_hold_is_refused_for_good(azure):
+    for call in (azure.put_bytes("dt=2025-01-01/a//b", b"1", content_type="text/plain"),
+                 azure.get("dt=2025-01-01/../b")):
+        with pytest.raises(StorageRefused, match=r"az://.*cannot hold the key"):
+            await call

@@ -31,8 +31,9 @@ from busscrape.errors import AuthenticationFailed, ConfigurationError, StorageRe
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, ObjectStore, RetryConfig
 
-# What the stores raise when they fail (obstore's own errors; a 404 is a FileNotFoundError).
-FAILURES = (ObstoreError, OSError, TimeoutError)
+# What the stores raise when they fail (obstore's own errors; a 404 is a FileNotFoundError). A
+# key object_store cannot parse as a path is a ValueError, raised before anything is sent.
+FAILURES = (ObstoreError, OSError, TimeoutError, ValueError)
 # What a store says of the object itself: the same request will be refused again (dead-letter).
 # Other refusals (AccessDenied, NoSuchBucket …) are the operator's to fix while the results wait.
 REFUSAL_CODES = frozenset({"KeyTooLongError", "InvalidObjectName", "EntityTooLarge", "MetadataTooLarge",
@@ -153,6 +154,8 @@ class ObjectStorage(Storage):
             raise self.failure(f"cannot store {key} in {self.url}", exc, refusable=True) from None
 
     def failure(self, what: str, exc: BaseException, *, refusable: bool = False) -> StorageUnavailable | StorageRefused:
+        if isinstance(exc, ValueError) and str(exc).startswith("Could not parse path"):
+            return StorageRefused(f"{self.url} cannot hold the key: {what}: {describe(exc)}")
         if refusable and (isinstance(exc, InvalidPathError) or code_of(exc) in REFUSAL_CODES):
             return StorageRefused(f"{self.url} refused it: {what}: {describe(exc)}")
         return StorageUnavailable(f"{what}: {describe(exc)}", what=self.url)
@@ -165,23 +168,6 @@ class ObjectStorage(Storage):
             if code_of(exc) in MISSING_CODES:  # the bucket, not the key: an outage to wait out
                 raise self.failure(f"cannot read {key} from {self.url}", exc) from None
             return None
-        except FAILURES as exc:
-            raise self.failure(f"cannot read {key} from {self.url}", exc) from None
-
-    async def stream(self, key: str) -> AsyncIterator[bytes] | None:
-        """The object as chunks (for large reads), or ``None`` when there is none under ``key``."""
-        try:
-            result = await obstore.get_async(self.store, key)
-        except FileNotFoundError:
-            return None
-        except FAILURES as exc:
-            raise self.failure(f"cannot read {key} from {self.url}", exc) from None
-        return self._chunks(key, result.stream())
-
-    async def _chunks(self, key: str, chunks: AsyncIterable[Any]) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in chunks:
-                yield bytes(chunk)
         except FAILURES as exc:
             raise self.failure(f"cannot read {key} from {self.url}", exc) from None
 

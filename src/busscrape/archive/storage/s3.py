@@ -144,6 +144,8 @@ class S3Storage(ObjectStorage):
         except ConfigurationError:
             raise
         except Exception as exc:  # botocore resolving credentials (STS, a profile, metadata)
+            if not type(exc).__module__.startswith("botocore"):
+                raise
             raise self.at_start(exc) from None
 
     def at_start(self, exc: BaseException) -> ConfigurationError:
