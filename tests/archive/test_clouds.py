@@ -168,6 +168,16 @@ def test_the_location_picks_the_backend(tmp_path):
             opened(bad)
 
 
+def test_the_archive_flag_sets_a_cloud_url_or_a_folder(tmp_path):
+    from busscrape.cli.app import archive_section
+
+    assert archive_section("az://c/runs") == {"url": "az://c/runs"}
+    assert archive_section(f"file://{tmp_path}") == {"dir": tmp_path, "url": str(tmp_path)}
+    assert archive_section(None) == {}
+    chosen = Settings(archive={"url": "gs://b/old"}).with_overrides(archive=archive_section(str(tmp_path)))
+    assert isinstance(open_storage(chosen), FileStorage)  # a folder given on the command line wins
+
+
 def test_connection_strings_read_as_azure_sdks_do():
     config = connection_string("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=a2V5==;"
                                "BlobEndpoint=https://acct.blob.example/;")

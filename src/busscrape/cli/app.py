@@ -137,7 +137,8 @@ def archive_section(where: str | None) -> dict[str, Any]:
         return {}
     if where.split("://", 1)[0].lower() in CLOUD_SCHEMES and "://" in where:
         return {"url": where}
-    return {"dir": Path(where.removeprefix("file://")), "url": None}
+    folder = Path(where.removeprefix("file://"))
+    return {"dir": folder, "url": str(folder)}  # a folder named here wins over a configured URL
 
 
 def settings(*, state_nats: bool = False, **sections: dict[str, Any]) -> Settings:
