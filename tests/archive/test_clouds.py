@@ -22,26 +22,8 @@ from busscrape.archive.storage.s3 import S3Storage
 from busscrape.errors import ArtifactUnusable, ConfigurationError, StorageRefused, StorageUnavailable
 from busscrape.settings import Settings
 from tests.archive.test_storage import chunks
-from tests.conftest import ENV_AT_START
-from tests.support.clouds import Azurite, GcsEmulator, azurite_binary, unavailable
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def azurite(tmp_path_factory):
-    if azurite_binary() is None:
-        unavailable("Azurite (npm azurite)", ENV_AT_START)
-    server = Azurite(tmp_path_factory.mktemp("azurite")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-    server = GcsEmulator(tmp_path_factory.mktemp("gcs")).start()
-    yield server
-    server.stop()
 
 
 async def opened(server, monkeypatch, create, url: str, **s3):
