@@ -1,13 +1,17 @@
 """S3 credentials from AWS's own chain, resolved by botocore, against moto checking every request.
 
 No ``BUSSCRAPE_S3__*`` keys here: the archive location is ``s3://bucket/prefix`` and the endpoint
-``AWS_ENDPOINT_URL`` (or the profile's ``endpoint_url``), as a pod on EKS or a developer with a
-profile has them. moto accepts only keys it issued (its IAM user's, or temporary ones from its
-STS), so a request that passes was signed with the credentials the chain was meant to find.
+``AWS_ENDPOINT_URL`` (or the profile's ``endpoint_url``), as a pod on EKS, a developer with a
+profile or an EC2 instance (its metadata service here a small server on 127.0.0.2) has them. moto
+accepts only keys it issued (its IAM user's, or temporary ones from its STS), so a request that
+passes was signed with the credentials the chain was meant to find.
 """
 
+import http.server
 import json
+import threading
 import uuid
+from typing import ClassVar
 
 import boto3
 import pytest
@@ -133,3 +137,57 @@ async def test_the_fixed_key_settings_win_over_the_environment(aws_env, checked_
     store = open_storage(settings)
     assert isinstance(store, S3Storage) and store.url == "s3://fixed"
     await round_trip(store)
+
+
+class _Metadata(http.server.BaseHTTPRequestHandler):
+    """EC2's instance metadata service as botocore asks it (IMDSv2: a token, then the role's credentials)."""
+
+    role = "archiver"
+    credentials: ClassVar[dict[str, str]] = {}
+    asked: ClassVar[list[str]] = []
+
+    def do_PUT(self) -> None:
+        self._answer("/latest/api/token", b"imds-token")
+
+    def do_GET(self) -> None:
+        base = "/latest/meta-data/iam/security-credentials/"
+        if self.path == base:
+            self._answer(base, self.role.encode())
+        else:
+            self._answer(base + self.role, json.dumps({"Code": "Success", "Type": "AWS-HMAC", **self.credentials,
+                                                       "Expiration": "2099-01-01T00:00:00Z"}).encode())
+
+    def _answer(self, path: str, body: bytes) -> None:
+        type(self).asked.append(f"{self.command} {self.path}")
+        token = self.headers.get("X-aws-ec2-metadata-token")
+        ok = self.path == path and (self.command == "PUT" or token == "imds-token")
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Length", str(len(body) if ok else 0))
+        self.end_headers()
+        if ok:
+            self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.s3
+async def test_instance_metadata_credentials(aws_env, checked_s3):
+    checked_s3.unchecked(1)  # (moto cannot check the unsigned STS call that mints the role's credentials)
+    issued = aws(checked_s3, "sts").assume_role_with_web_identity(
+        RoleArn=ROLE, RoleSessionName="instance", WebIdentityToken="token")["Credentials"]
+    _Metadata.credentials = {"AccessKeyId": issued["AccessKeyId"], "SecretAccessKey": issued["SecretAccessKey"],
+                             "Token": issued["SessionToken"]}
+    _Metadata.asked = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), _Metadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        aws_env.delenv("AWS_EC2_METADATA_DISABLED")
+        aws_env.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.2:{server.server_port}/")
+        store = open_storage(Settings(), location())
+        await round_trip(store)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert store.provider()["access_key_id"] == issued["AccessKeyId"]
+    assert "GET /latest/meta-data/iam/security-credentials/archiver" in _Metadata.asked
