@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["dispatch", "run", "worker", "ingester", "status", "dlq", "task", "search", "api", "streams", "demo",
             "config", "version"]
 HEAVY = ("pydantic_settings", "nats", "playwright", "rich", "structlog", "aiohttp", "orjson",
-         "opentelemetry", "asyncio", "busscrape.settings", "miniopy_async")
+         "opentelemetry", "asyncio", "busscrape.settings", "obstore", "boto3")
 GOAL = 0.4  # seconds for `busscrape --help` on the 2-core dev VM
 
 

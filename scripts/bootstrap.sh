@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: a venv with busscrape, nats-server, and a Chromium.
 #   scripts/bootstrap.sh            runtime + embedded nats-server (for `busscrape demo`)
-#   scripts/bootstrap.sh test       the same plus the test tools (pytest, moto, ruff …) and PostgreSQL
+#   scripts/bootstrap.sh test       the same plus the test tools (pytest, moto, ruff …), PostgreSQL and Azurite
 # Fast when everything is already there: it only re-installs when pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,4 +69,23 @@ if [[ "$extra" == "test" ]] && ! have_postgres; then
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
   have_postgres || { echo "PostgreSQL could not be installed (apt-get install postgresql)" >&2; exit 2; }
+fi
+
+# The Azure storage tests run against Azurite, Microsoft's Azure Storage emulator, from npm: into
+# .tools/ (git-ignored), pinned. GCS's emulator is a Python package of the test extra.
+AZURITE_VERSION="3.37.0"
+have_azurite() {
+  [[ -x .tools/node_modules/.bin/azurite-blob ]] &&
+    [[ "$(node -p 'require("./.tools/node_modules/azurite/package.json").version' 2>/dev/null)" == "$AZURITE_VERSION" ]]
+}
+if [[ "$extra" == "test" ]] && ! have_azurite; then
+  if ! command -v npm >/dev/null 2>&1; then
+    say "installing Node.js and npm (apt) for Azurite"
+    sudo=""; [[ "$(id -u)" != 0 ]] && sudo="sudo"
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm >/dev/null
+  fi
+  say "installing Azurite $AZURITE_VERSION (npm) into .tools/ for the Azure storage tests"
+  npm install --silent --no-audit --no-fund --prefix .tools "azurite@$AZURITE_VERSION" >/dev/null
+  have_azurite || { echo "Azurite could not be installed (npm install --prefix .tools azurite)" >&2; exit 2; }
 fi

@@ -5,6 +5,7 @@
   tests never see each other's messages even though stream names are fixed.
 - ``applied``: the same, with ``streams apply`` done.
 - ``s3``: a real S3-protocol server (MinIO in Docker, else moto_server) for the session.
+- ``azurite`` / ``gcs``: Azure's and Google's storage emulators for the session (tests/support/clouds.py).
 - ``site``: a website served on 127.0.0.2 and 127.0.0.3 (distinct origins).
 - ``postgres`` / ``pg_dsn``: a real PostgreSQL for the session, a fresh database per test.
 - ``chromium``: one Playwright Chromium for the session, for tests that drive a page directly
@@ -33,6 +34,8 @@ from busscrape.bus.connection import Bus
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
 from tests.support.chromium import launched
+from tests.support.clouds import Azurite, GcsEmulator, azurite_binary
+from tests.support.clouds import unavailable as emulator_unavailable
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import skip_reason as postgres_skip_reason
 from tests.support.postgres import unavailable as postgres_unavailable
@@ -115,6 +118,25 @@ async def applied(bus: Bus, settings: Settings) -> Bus:
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite's blob service (Azure), for the session; skipped only where it is not installed and
+    no run requires it (``unavailable``)."""
+    if azurite_binary() is None:
+        emulator_unavailable("Azurite (npm azurite)", ENV_AT_START)
+    server = Azurite(tmp_path_factory.mktemp("azurite")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulator]:
+    """gcp-storage-emulator (Google Cloud Storage), for the session."""
+    server = GcsEmulator(tmp_path_factory.mktemp("gcs")).start()
     yield server
     server.stop()
 

@@ -481,3 +481,20 @@ def test_grafana_provisioning_matches_compose() -> None:
 def test_vendored_schemas_stay_small() -> None:
     total = sum(p.stat().st_size for p in SCHEMAS.rglob("*") if p.is_file())
     assert total < 100_000, f"tests/schemas holds {total} bytes: vendor extracts, not dumps"
+
+
+def _bytes(quantity: str) -> int:
+    """A Kubernetes or compose memory quantity (``1Gi``, ``1G``, ``512M``) in bytes (compose's G is GiB)."""
+    number, unit = re.fullmatch(r"(\d+)([KMGT]i?)?", quantity).groups()  # type: ignore[union-attr]
+    return int(number) * 1024 ** ("KMGT".index(unit[0]) + 1 if unit else 0)
+
+
+def test_nats_servers_get_a_memory_limit_and_gomemlimit_from_it() -> None:
+    from busscrape.ops.nats_server import gomemlimit
+
+    nats = compose()["services"]["nats"]
+    assert nats["environment"]["GOMEMLIMIT"] == gomemlimit(_bytes(nats["deploy"]["resources"]["limits"]["memory"]))
+    (_, statefulset), = [(w, d) for w, d in docs_of("StatefulSet") if d["metadata"]["name"] == "nats"]
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GOMEMLIMIT"] == gomemlimit(_bytes(container["resources"]["limits"]["memory"])) == "921MiB"

@@ -14,11 +14,13 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import obstore
 import orjson
 import pytest
 
 from busscrape.archive.layout import plan
 from busscrape.archive.storage import Storage
+from busscrape.archive.storage.clouds import AzureStorage
 from busscrape.archive.storage.local import PARTIAL_DIR, FileStorage
 from busscrape.archive.storage.s3 import S3Storage
 from busscrape.artifacts.store import ArtifactStore, object_name
@@ -132,10 +134,10 @@ async def test_a_result_is_archived_at_the_documented_keys_and_its_artifacts_rel
         "page.html.gz", "screenshot.png", "page.har.gz", "page.txt.gz", "shot-footer.png", "meta.json"))
     meta = await assert_archived(s3_storage, result, files)
     assert meta["scraped_at"].startswith("2025-06-30T23:59:58")
-    html = await s3_storage.client.stat_object(s3_storage.bucket, f"{folder}/page.html.gz")
-    assert html.content_type == "text/html; charset=utf-8" and html.metadata["Content-Encoding"] == "gzip"
-    png = await s3_storage.client.stat_object(s3_storage.bucket, f"{folder}/screenshot.png")
-    assert png.content_type == "image/png" and "Content-Encoding" not in png.metadata
+    html = await obstore.get_async(s3_storage.store, f"{folder}/page.html.gz")
+    assert html.attributes == {"Content-Type": "text/html; charset=utf-8", "Content-Encoding": "gzip"}
+    png = await obstore.get_async(s3_storage.store, f"{folder}/screenshot.png")
+    assert png.attributes == {"Content-Type": "image/png"}
     assert ingester.counters["archived"] == 1
     store = ArtifactStore(applied.js)
     assert not any([await store.exists(ref) for ref in result.artifacts])  # released after the ack
@@ -166,16 +168,34 @@ async def test_a_redelivered_result_leaves_the_same_keys_and_bytes(bus, s3_stora
     assert not any([await ArtifactStore(bus.js).exists(ref) for ref in result.artifacts])
 
 
+@pytest.fixture(params=["s3", "azure"])
+async def outage_target(request, settings, monkeypatch):
+    """A cloud store and the server behind it, which the test can take down: S3 (moto) and Azure (Azurite)."""
+    if request.param == "s3":
+        server = request.getfixturevalue("s3")
+        store = S3Storage(settings.with_overrides(s3=server.settings(f"t-{uuid.uuid4().hex[:12]}")).s3)
+    else:
+        server = request.getfixturevalue("azurite")
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        container = f"t{uuid.uuid4().hex[:12]}"
+        server.create_container(container)
+        store = AzureStorage(container, "archive", part_size=settings.s3.part_size)
+    async with store:
+        yield server, store
+
+
 @pytest.mark.s3
 @pytest.mark.slow
-async def test_an_s3_outage_delays_results_and_loses_none(applied, s3, s3_storage, settings):
+async def test_a_storage_outage_delays_results_and_loses_none(applied, outage_target, settings):
+    server, storage = outage_target
     count = 6
-    ingester = Ingester(applied, s3_storage, tuned(settings, concurrency=3))
+    ingester = Ingester(applied, storage, tuned(settings, concurrency=3))
     async with ingester:
         running = asyncio.create_task(ingester.run())
         # The proxy refuses connections, which is what a stopped or restarting S3 server looks like to
-        # the client; moto keeps its objects in memory behind it (our stand-in for "same data folder").
-        s3.outage()
+        # the client; the server keeps its objects behind it (our stand-in for "same data folder").
+        server.outage()
         try:
             results = [await produce(applied.js, files={"page.html": HTML + bytes([i]), "screenshot.png": PNG})
                        for i in range(count)]
@@ -185,14 +205,14 @@ async def test_an_s3_outage_delays_results_and_loses_none(applied, s3, s3_storag
             assert (await applied.js.stream_info(names.RESULTS_STREAM)).state.messages == count
             assert all([await ArtifactStore(applied.js).exists(ref) for r in results for ref in r.artifacts])
         finally:
-            s3.restore()
+            server.restore()
         await wait_until(lambda: asyncio.sleep(0, ingester.counters["archived"] == count), timeout=60)
         ingester.stop()
         counters = await asyncio.wait_for(running, 30)
     assert counters["archived"] == count and counters["dead_lettered"] == 0
-    assert len(await s3_storage.keys()) == 3 * count
+    assert len(await storage.keys()) == 3 * count
     for i, result in enumerate(results):
-        await assert_archived(s3_storage, result, {"page.html": HTML + bytes([i]), "screenshot.png": PNG})
+        await assert_archived(storage, result, {"page.html": HTML + bytes([i]), "screenshot.png": PNG})
     assert await lag(applied.js) == 0
 
 

@@ -76,3 +76,37 @@ async def test_clients_reconnect_after_a_restart(tmp_path):
         await bus.close()
     finally:
         server.stop()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_the_state_dirs_server_gets_gomemlimit_from_the_shipped_settings(tmp_path, monkeypatch):
+    from busscrape.ops.state_dir import reopen, store_of
+    from busscrape.settings import Settings
+
+    monkeypatch.delenv("GOMEMLIMIT", raising=False)
+    settings = Settings(state_dir=tmp_path)
+    EmbeddedNatsServer(store_of(settings)).start().stop()  # a store an earlier run left
+    opened = reopen(settings)
+    assert opened is not None
+    _, stop = opened
+    try:
+        (ports,) = (store_of(settings) / "ports").glob("*.ports")  # nats-server_<pid>.ports
+        env = _environ(int(ports.stem.rsplit("_", 1)[1]))
+    finally:
+        stop()
+    assert settings.nats.server_memory == 2**30
+    assert env["GOMEMLIMIT"] == "921MiB"  # 90% of the 1GiB the embedded server is given
+
+
+def test_a_gomemlimit_in_the_environment_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("GOMEMLIMIT", "300MiB")
+    server = EmbeddedNatsServer(tmp_path / "nats", memory=2**30).start()
+    try:
+        assert server.process is not None
+        assert _environ(server.process.pid)["GOMEMLIMIT"] == "300MiB"
+    finally:
+        server.stop()

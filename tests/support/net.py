@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import threading
 
 
@@ -97,3 +98,31 @@ class TcpProxy:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._writers.discard(writer)
         self._writers.discard(up_writer)
+
+
+class ProxiedServer:
+    """A server process reached through a ``TcpProxy``: ``outage()`` refuses connections while the
+    server keeps what it stored, ``restore()`` lets them through again, ``stop()`` ends both."""
+
+    proxy: TcpProxy | None = None
+    _process: subprocess.Popen[bytes] | None = None
+
+    def outage(self) -> None:
+        assert self.proxy is not None
+        self.proxy.down()
+
+    def restore(self) -> None:
+        assert self.proxy is not None
+        self.proxy.up()
+
+    def stop(self) -> None:
+        if self.proxy:
+            self.proxy.close()
+        if self._process and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(10)
+

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.net import TcpProxy, free_port, wait_port
+from tests.support.net import ProxiedServer, TcpProxy, free_port, wait_port
 from tests.support.pki import Issued
 
 ACCESS_KEY = "busscrape-test"
@@ -31,7 +31,7 @@ def docker_available() -> bool:
         return False
 
 
-class S3Server:
+class S3Server(ProxiedServer):
     """Start with ``start()``, stop with ``stop()``; ``outage()``/``restore()`` toggle the endpoint."""
 
     def __init__(self, workdir: Path, *, tls: Issued | None = None, check_credentials: bool = False) -> None:
@@ -82,8 +82,6 @@ class S3Server:
     def _require_credentials(self) -> None:
         """moto: an IAM user allowed everything, its key pair as ours, then every request checked."""
         import json
-        import ssl
-        import urllib.request
 
         import boto3
 
@@ -94,8 +92,16 @@ class S3Server:
             {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
         key = iam.create_access_key(UserName="busscrape")["AccessKey"]
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
+        self.unchecked(0)
+
+    def unchecked(self, count: int) -> None:
+        """moto: let the next ``count`` requests through unchecked, then check every one. (moto
+        cannot check an unsigned STS AssumeRoleWithWebIdentity: it wants a signature on it.)"""
+        import ssl
+        import urllib.request
+
         context = ssl.create_default_context(cafile=str(self.tls.ca)) if self.tls else None
-        request = urllib.request.Request(f"{self.url}/moto-api/reset-auth", data=b"0", method="POST",
+        request = urllib.request.Request(f"{self.url}/moto-api/reset-auth", data=str(count).encode(), method="POST",
                                          headers={"Content-Type": "text/plain"})
         with urllib.request.urlopen(request, timeout=10, context=context) as response:
             response.read()
@@ -105,24 +111,8 @@ class S3Server:
         assert self.proxy is not None
         return f"{self.proxy.host}:{self.proxy.port}"
 
-    def outage(self) -> None:
-        """Refuse connections (the stored objects survive)."""
-        assert self.proxy is not None
-        self.proxy.down()
-
-    def restore(self) -> None:
-        assert self.proxy is not None
-        self.proxy.up()
-
     def stop(self) -> None:
-        if self.proxy:
-            self.proxy.close()
-        if self._process and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
+        super().stop()
         if self._container is not None:
             self._container.stop()
 
@@ -130,6 +120,20 @@ class S3Server:
         """The ``s3`` settings section that points at this server."""
         return {"endpoint": self.endpoint, "access_key": self.access_key, "secret_key": self.secret_key,
                 "bucket": bucket, "secure": self.tls is not None}
+
+
+def bucket_exists(server: S3Server, bucket: str) -> bool:
+    """Whether the server holds ``bucket`` (asked with botocore, not through the code under test)."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id=server.access_key,
+                          aws_secret_access_key=server.secret_key, verify=str(server.tls.ca) if server.tls else None)
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError:
+        return False
+    return True
 
 
 def wait_http(url: str, timeout: float = 30) -> None:

@@ -61,8 +61,7 @@ def package_key(name: str, prefix: str = "") -> str:
 
 def folder_of(location: str, storage: Storage) -> str:
     """The key of a page folder from its location (``RunSummary.locations``: storage URL + key)."""
-    base = storage.url.rstrip("/") + "/"
-    return location[len(base):] if location.startswith(base) else location.strip("/")
+    return storage.key_of(location)
 
 
 async def page_folders(storage: Storage, prefix: str = "") -> list[str]:

@@ -138,6 +138,22 @@ T = TypeVar("T")
 LIFELINE_HELP = "(internal) a pipe from `busscrape run`: stop when it closes."
 WAIT_STREAMS_HELP = ("(internal) from `busscrape run`, which starts its daemons while it applies the streams: "
                      "wait this many seconds for them instead of exiting at once.")
+ARCHIVE_HELP = ("Where to archive: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, or a folder "
+                "(default: BUSSCRAPE_ARCHIVE__URL, the S3 endpoint, or the state dir's archive folder).")
+
+
+def archive_section(where: str | None) -> dict[str, Any]:
+    """The ``archive`` settings an ``--archive`` value sets: a cloud URL's location, or a folder."""
+    from pathlib import Path
+
+    from busscrape.archive.storage import CLOUD_SCHEMES
+
+    if where is None:
+        return {}
+    if where.split("://", 1)[0].lower() in CLOUD_SCHEMES and "://" in where:
+        return {"url": where}
+    folder = Path(where.removeprefix("file://"))
+    return {"dir": folder, "url": str(folder)}  # a folder named here wins over a configured URL
 
 
 def settings(*, state_nats: bool = False, **sections: dict[str, Any]) -> Settings:

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from busscrape.cli import options
-from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.app import ARCHIVE_HELP, app, archive_section, err, out, run, settings
 from busscrape.errors import EXIT_PARTIAL
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ def crawl_cmd(
                                            "link[rel=next])."),
     workers: int | None = typer.Option(None, "--workers", "-w", help="Worker processes (default: cores / 2)."),
     concurrency: int | None = typer.Option(None, "--concurrency", "-c", help="Pages at once per worker."),
-    archive: Path | None = typer.Option(None, "--archive", help="Archive folder (when no S3 endpoint is set)."),
+    archive: str | None = typer.Option(None, "--archive", metavar="WHERE", help=ARCHIVE_HELP),
     with_daemons: bool = typer.Option(False, "--with-daemons", help="With a NATS URL: run local daemons too."),
     detach: bool = typer.Option(False, "--detach", help="With a NATS URL: start the crawl and return."),
     allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
@@ -93,7 +92,7 @@ def crawl_cmd(
         task.artifacts = ",".join(CRAWL_ARTIFACTS)
     base = settings()
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
-                 archive={"dir": archive}, dispatch=task.dispatch_settings(),
+                 archive=archive_section(archive), dispatch=task.dispatch_settings(),
                  network={"allow": [*base.network.allow, *allow]})
     task.check_extractor(s, local=not s.nats.url or with_daemons)
     spec = build_spec(s, seeds, task.defaults(), scope=scope, include=include, exclude=exclude, depth=depth,

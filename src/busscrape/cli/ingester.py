@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import LIFELINE_HELP, WAIT_STREAMS_HELP, app, run, serve, settings
+from busscrape.cli.app import ARCHIVE_HELP, LIFELINE_HELP, WAIT_STREAMS_HELP, app, archive_section, run, serve, settings
 from busscrape.errors import EXIT_OK, EXIT_PARTIAL
 
 if TYPE_CHECKING:
@@ -22,8 +21,7 @@ def ingester_cmd(
     max_results: int | None = typer.Option(None, "--max-results", min=1, help="Exit after this many results."),
     exit_when_idle: str | None = typer.Option(None, "--exit-when-idle", metavar="SECONDS",
                                               help="Exit when no result arrived for this long (30, 30s, 5m)."),
-    archive: str | None = typer.Option(None, "--archive", metavar="DIR",
-                                       help="Archive into this local folder (or file:// URL), even when S3 is set."),
+    archive: str | None = typer.Option(None, "--archive", metavar="WHERE", help=ARCHIVE_HELP),
     nats_url: str | None = typer.Option(None, "--nats-url", help="NATS server URL (default: BUSSCRAPE_NATS__URL)."),
     lifeline: int | None = typer.Option(None, "--lifeline", hidden=True, help=LIFELINE_HELP),
     wait_streams: float | None = typer.Option(None, "--wait-streams", hidden=True, help=WAIT_STREAMS_HELP),
@@ -35,20 +33,16 @@ def ingester_cmd(
     """
     import structlog
 
-    s = settings(nats={"url": nats_url}, archive={"dir": _folder(archive)},
+    s = settings(nats={"url": nats_url}, archive=archive_section(archive),
                  ingester={"concurrency": concurrency, "max_results": max_results, "exit_when_idle": exit_when_idle})
-    counters = run(ingest(s, archive_dir=_folder(archive), lifeline=lifeline, wait_streams=wait_streams or 0.0))
+    counters = run(ingest(s, archive=archive, lifeline=lifeline, wait_streams=wait_streams or 0.0))
     structlog.get_logger("busscrape.cli").info("ingester.summary", **dict(sorted(counters.items())))
     bounded = max_results is not None or exit_when_idle is not None
     gave_up = counters["dead_lettered"] + counters["malformed"]
     raise typer.Exit(EXIT_PARTIAL if bounded and gave_up else EXIT_OK)
 
 
-def _folder(archive: str | None) -> Path | None:
-    return Path(archive.removeprefix("file://")) if archive else None
-
-
-async def ingest(s: Settings, *, archive_dir: Path | None = None, lifeline: int | None = None,
+async def ingest(s: Settings, *, archive: str | None = None, lifeline: int | None = None,
                  wait_streams: float = 0.0) -> Counter[str]:
     """Connect, open the storage (checked and created at start), run an ingester until it stops
     (with ``wait_streams``, after waiting up to that long for the streams it needs)."""
@@ -60,7 +54,7 @@ async def ingest(s: Settings, *, archive_dir: Path | None = None, lifeline: int 
     from busscrape.ingest.daemon import Ingester
     from busscrape.telemetry.metrics import Telemetry, configure_tracing
 
-    storage = open_storage(s, archive_dir)
+    storage = open_storage(s, archive)
     async with await Bus.connect(s, name=f"busscrape-ingester-{s.ingester.name}") as bus, storage:
         if wait_streams:
             await provision.require(bus.js, topology.load(s), names.REQUIRED, wait=wait_streams)

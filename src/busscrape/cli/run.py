@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from busscrape.cli import options
-from busscrape.cli.app import app, err, out, run, settings
+from busscrape.cli.app import ARCHIVE_HELP, app, archive_section, err, out, run, settings
 from busscrape.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def run_cmd(
     source: str = typer.Argument(..., metavar="INPUT", help="URL list, .jsonl task specs, or - for stdin."),
     workers: int | None = typer.Option(None, "--workers", "-w", help="Worker processes (default: cores / 2)."),
     concurrency: int | None = typer.Option(None, "--concurrency", "-c", help="Pages at once per worker."),
-    archive: Path | None = typer.Option(None, "--archive", help="Archive folder (when no S3 endpoint is set)."),
+    archive: str | None = typer.Option(None, "--archive", metavar="WHERE", help=ARCHIVE_HELP),
     with_daemons: bool = typer.Option(False, "--with-daemons", help="With a NATS URL: run local daemons too."),
     allow: list[str] = typer.Option([], "--allow", metavar="CIDR|HOST:PORT",
                                     help="Open a non-public address to pages (repeatable)."),
@@ -64,7 +64,7 @@ def run_cmd(
     task.check()
     base = settings()
     s = settings(nats={"url": nats_url}, worker={"concurrency": concurrency}, telemetry={"log_level": quiet_logs()},
-                 archive={"dir": archive}, dispatch=task.dispatch_settings(),
+                 archive=archive_section(archive), dispatch=task.dispatch_settings(),
                  network={"allow": [*base.network.allow, *allow]})
     task.check_extractor(s, local=not s.nats.url or with_daemons)
     with task.rejects_file() as rejects_out:
@@ -82,7 +82,7 @@ def run_cmd(
     raise typer.Exit(exit_code(summary, task.strict))
 
 
-def show_outcome(s: Settings, summary: RunSummary, *, as_json: bool, wacz: str | None, archive: Path | None,
+def show_outcome(s: Settings, summary: RunSummary, *, as_json: bool, wacz: str | None, archive: str | None,
                  tables: tuple[object, ...] = (), stdout_taken: bool = False) -> None:
     """How ``run`` and ``crawl`` end: the run's pages packed as a WACZ when asked, then the summary
     as one JSON object (with the crawl's and the WACZ's) or as ``tables`` + the run's table and
@@ -242,7 +242,6 @@ def how_to_look(summary: RunSummary, s: Settings) -> str:
     printed, from this directory, once the run is over (an embedded run's NATS is reopened from
     its state dir, ``ops.state_dir``)."""
     import shlex
-    from pathlib import Path
 
     where = summary.archive
     lines = [f"archive: {where}"]

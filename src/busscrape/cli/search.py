@@ -62,7 +62,8 @@ def search_cmd(
         source = Path(archive) if archive else None
         if source is not None and not source.is_dir():
             usage(f"--archive {archive}: no such folder")
-        if source is None and not s.s3.endpoint and not s.archive_dir().is_dir():  # nothing made for nothing
+        nowhere = not (s.s3.endpoint or s.archive.url) and not s.archive_dir().is_dir()
+        if source is None and nowhere:  # nothing made for nothing
             usage(f"no archive at {s.archive_dir()} (BUSSCRAPE_STATE_DIR, BUSSCRAPE_ARCHIVE__DIR, or --archive DIR)")
         count = run(_reindex(s, source))
         out.print(f"indexed {count:,} archived page(s)")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from busscrape.cli.app import app, err, out, run, safe, settings
+from busscrape.cli.app import ARCHIVE_HELP, app, err, out, run, safe, settings
 from busscrape.errors import EXIT_CONFIG, EXIT_OK, PermanentError
 
 if TYPE_CHECKING:
@@ -27,7 +26,7 @@ def wacz_cmd(
     name: str = typer.Argument(..., help="Package name (wacz/NAME.wacz in the archive)."),
     folder: list[str] = typer.Option([], "--folder", metavar="KEY", help="A page folder (repeatable)."),
     under: str | None = typer.Option(None, "--under", metavar="PREFIX", help="Every page folder under this key."),
-    archive: Path | None = typer.Option(None, "--archive", help="Archive folder (when no S3 endpoint is set)."),
+    archive: str | None = typer.Option(None, "--archive", metavar="WHERE", help=ARCHIVE_HELP),
 ) -> None:
     s = settings()
     packed = run(package(s, name, folders=folder, under=under, archive=archive))
@@ -36,7 +35,7 @@ def wacz_cmd(
 
 
 async def package(s: Settings, name: str, *, folders: list[str] | None = None, under: str | None = None,
-                  locations: list[str] | None = None, archive: Path | None = None) -> Packed:
+                  locations: list[str] | None = None, archive: str | None = None) -> Packed:
     """Pack the given folders (or the run's ``locations``, or the pages under a prefix)."""
     from busscrape.archive import wacz
     from busscrape.archive.layout import join

@@ -14,7 +14,7 @@ import asyncio
 import gzip
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -23,7 +23,7 @@ import orjson
 
 if TYPE_CHECKING:
     from busscrape.archive.storage import Storage
-    from busscrape.settings import S3Settings, Settings
+    from busscrape.settings import Settings
     from busscrape.status.records import TaskStatus
 
 T = TypeVar("T")
@@ -51,22 +51,22 @@ class Page:
     """A dead page's error text."""
     archived_at: datetime | None = None
     """When its outcome was recorded."""
-    _s3: S3Settings | None = field(default=None, repr=False, compare=False)
-    """The archive's S3 settings, for ``read`` of an ``s3://`` folder."""
+    _settings: Settings | None = field(default=None, repr=False, compare=False)
+    """The run's settings, for ``read`` of a folder in cloud storage (the archive it was written to)."""
 
     def read(self, name: str) -> bytes:
         """An artifact of the archived folder, decompressed (``page.html``, ``page.txt``,
         ``screenshot.png``, ``extracted.json``, ``meta.json`` …); ``FileNotFoundError`` when the
-        folder has no such file. An ``s3://`` folder is read through the archive's own S3
-        settings (those the ingester wrote it with)."""
+        folder has no such file. A folder in cloud storage (``s3://``, ``gs://``, ``az://``) is read
+        through the run's archive settings (those the ingester wrote it with)."""
         if self.folder is None:
             raise FileNotFoundError(f"{self.url}: dead-lettered ({self.dead}), nothing archived")
         # The archive stores text gzip-compressed under NAME.gz, images as they are under NAME.
         names = (name, f"{name}.gz")
-        if self.folder.startswith("s3://"):
-            if self._s3 is None:
-                raise FileNotFoundError(f"{self.folder}: no S3 settings to read it with")
-            found = _blocking(_first_in_s3(self._s3, self.folder, names))
+        if "://" in self.folder and not self.folder.startswith("file://"):
+            if self._settings is None:
+                raise FileNotFoundError(f"{self.folder}: no archive settings to read it with")
+            found = _blocking(_first_in_cloud(self._settings, self.folder, names))
         else:
             found = next(((n, (Path(self.folder) / n).read_bytes()) for n in names
                           if (Path(self.folder) / n).is_file()), None)
@@ -77,8 +77,8 @@ class Page:
 
     def row(self) -> dict[str, Any]:
         """The page's dataset row (``ROW_FIELDS``)."""
-        doc = asdict(self)
-        doc["dead_reason"] = doc.pop("dead")
+        doc = {name: getattr(self, name) for name in ROW_FIELDS if name != "dead_reason"}
+        doc["dead_reason"] = self.dead
         doc["archived_at"] = self.archived_at.isoformat() if self.archived_at else None
         return {name: doc[name] for name in ROW_FIELDS}
 
@@ -129,34 +129,28 @@ class PageFeed:
         return Page(url=meta.get("url") or status.url or "", task_id=status.task_id, final_url=meta.get("final_url"),
                     status=meta.get("status", status.status), title=meta.get("title"), folder=folder,
                     extracted=extracted, archived_at=status.at,
-                    _s3=self.settings.s3 if folder.startswith("s3://") else None)
+                    _settings=self.settings)
 
     async def _get(self, folder: str, name: str) -> bytes | None:
-        if not folder.startswith("s3://"):
+        from busscrape.archive.storage import CLOUD_SCHEMES, open_storage
+
+        if folder.split("://", 1)[0] not in CLOUD_SCHEMES:
             path = Path(folder) / name
             return await asyncio.to_thread(path.read_bytes) if path.is_file() else None
-        if self._storage is None:
-            from busscrape.archive.storage import open_storage
-
+        if self._storage is None:  # the configured archive: s3://, gs:// or az://
             self._storage = open_storage(self.settings)
             await self._storage.__aenter__()
-        return await self._storage.get(_s3_key(folder, name)[1])
+        return await self._storage.get(f"{self._storage.key_of(folder)}/{name}")
 
 
-def _s3_key(folder: str, name: str) -> tuple[str, str]:
-    """The bucket and key of ``name`` in an ``s3://bucket/prefix…/task`` folder."""
-    bucket, _, prefix = folder.removeprefix("s3://").partition("/")
-    return bucket, f"{prefix}/{name}" if prefix else name
+async def _first_in_cloud(settings: Settings, folder: str, names: tuple[str, ...]) -> tuple[str, bytes] | None:
+    """The first of ``names`` the archive's cloud folder has, with its stored bytes."""
+    from busscrape.archive.storage import open_storage
 
-
-async def _first_in_s3(cfg: S3Settings, folder: str, names: tuple[str, ...]) -> tuple[str, bytes] | None:
-    """The first of ``names`` the S3 folder has, with its stored bytes."""
-    from busscrape.archive.storage.s3 import S3Storage
-
-    bucket = _s3_key(folder, "")[0]
-    async with S3Storage(cfg.model_copy(update={"bucket": bucket}), max_uploads=1) as storage:
+    async with open_storage(settings) as storage:
+        base = storage.key_of(folder)
         for name in names:
-            if (data := await storage.get(_s3_key(folder, name)[1])) is not None:
+            if (data := await storage.get(f"{base}/{name}")) is not None:
                 return name, data
     return None
 

@@ -182,9 +182,12 @@ class Runner:
             self._dispatcher.stop()
 
     def archive_location(self) -> str:
+        from busscrape.archive.storage import location_of
+
         s = self.settings
-        if s.s3.endpoint:
-            return f"s3://{s.s3.bucket}/{s.archive.prefix}".rstrip("/")
+        where = location_of(s)
+        if "://" in where:
+            return f"{where.rstrip('/')}/{s.archive.prefix}".rstrip("/")
         return str((s.archive_dir() / s.archive.prefix).resolve())
 
     async def run(self) -> RunSummary:
@@ -266,7 +269,8 @@ class Runner:
             # the server picks its own, and the daemons start after it.
             early = attempt == 1
             server = EmbeddedNatsServer(settings.state_dir / "nats", binary=settings.nats.server_binary,
-                                        die_with_parent=True, port=free_port("127.0.0.1") if early else None)
+                                        die_with_parent=True, port=free_port("127.0.0.1") if early else None,
+                                        memory=settings.nats.server_memory)
             # Registered before the daemons: the server stops after them (they drain through it).
             stack.callback(self.pids.remove, NATS_PID)
             stack.callback(server.stop)

@@ -48,7 +48,7 @@ def reopen(settings: Settings) -> tuple[Settings, Callable[[], None]] | None:
     if url is not None:
         return settings.with_overrides(nats={"url": url}), lambda: None
     server = EmbeddedNatsServer(store, binary=settings.nats.server_binary, die_with_parent=True,
-                                name="busscrape-state")
+                                name="busscrape-state", memory=settings.nats.server_memory)
     server.start()
     log.debug("state.nats_started", store=str(store), url=server.url)
     return settings.with_overrides(nats={"url": server.url}), server.stop

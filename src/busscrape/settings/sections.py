@@ -87,6 +87,10 @@ class NatsSettings(_Section):
     """Timeout of JetStream API requests and synchronous publishes."""
     server_binary: str | None = None
     """Path of the nats-server binary for the embedded server (default: found on PATH)."""
+    server_memory: Size = Field("1GiB", ge=64 * 2**20, validate_default=True)
+    """Memory the embedded nats-server is given: its Go runtime's soft limit (``GOMEMLIMIT``) is
+    90% of it, as compose, the Kubernetes manifests and the NATS Helm chart set it from the
+    container's limit (a ``GOMEMLIMIT`` in the environment wins)."""
     monitor_url: str | None = None
     """The server's HTTP monitoring endpoint (``http://nats:8222``). When set, ``busscrape status``
     reads the workers' lag from its ``/jsz`` exactly as KEDA's nats-jetstream scaler does;
@@ -419,16 +423,18 @@ class ProxySettings(_Section):
 
 
 class S3Settings(_Section):
-    """S3-compatible storage (MinIO) for the archive. Setting the endpoint selects it."""
+    """S3 for the archive. The fixed-key form (MinIO): setting the endpoint selects it. An
+    ``s3://`` archive location (``BUSSCRAPE_ARCHIVE__URL``, ``--archive``) uses these settings too,
+    with AWS's own credential chain when no keys are set here."""
 
     endpoint: str | None = None
     """``host:port`` of the S3 endpoint, or a URL (``https://minio:9000``)."""
     access_key: SecretStr | None = None
-    """Access key id."""
+    """Access key id (fixed keys; unset: AWS's credential chain, ``AWS_PROFILE``, web identity …)."""
     secret_key: SecretStr | None = None
     """Secret access key."""
     bucket: str = "busscrape"
-    """Bucket (created if missing)."""
+    """Bucket (created if missing) when the endpoint selects S3."""
     region: str = "us-east-1"
     """Region name sent with requests."""
     secure: bool = False
@@ -437,13 +443,17 @@ class S3Settings(_Section):
     """CA bundle (PEM) to verify the endpoint's certificate (default: the system's CAs); needs TLS
     (``secure`` or an ``https://`` endpoint)."""
     part_size: Size = Field("16MiB", ge=5 * 2**20, le=5 * 2**30, validate_default=True)
-    """Objects larger than this are uploaded in parts of this size (S3 multipart; 5MiB to 5GiB).
-    Each object being archived holds at most one part in memory."""
+    """Objects larger than this are uploaded in parts of this size (multipart, on every object
+    store: S3, GCS, Azure; 5MiB to 5GiB). Each object being archived holds at most one part in memory."""
 
 
 class ArchiveSettings(_Section):
     """Where results are archived."""
 
+    url: str | None = None
+    """Archive location: ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``
+    or a folder (unset: the S3 endpoint's bucket when ``BUSSCRAPE_S3__ENDPOINT`` is set, else
+    ``dir``). Credentials come from each cloud's standard environment (docs/storage.md)."""
     dir: Path | None = None
     """Local archive folder when no S3 endpoint is set (default: ``<state_dir>/archive``)."""
     prefix: str = ""

@@ -55,6 +55,12 @@ class Storage(ABC):
             raise RuntimeError(f"enter the {type(self).__name__} (async with) before using it")
         await self._put(key, chunks, content_type=content_type, content_encoding=content_encoding, durable=durable)
 
+    def key_of(self, location: str) -> str:
+        """The key of ``location``: this storage's URL and a key, as results record where they were
+        archived (``s3://bucket/prefix/dt=…/<task_id>``)."""
+        base = self.url.rstrip("/") + "/"
+        return location[len(base):] if location.startswith(base) else location.strip("/")
+
     @property
     def upload_slot(self) -> asyncio.Semaphore:
         """Taken by ``_put`` for the part of a write that occupies the storage."""
