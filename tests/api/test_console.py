@@ -132,6 +132,18 @@ async def test_a_crawl_started_from_the_form_runs(bus, fleet_settings, site, bro
         rows = await page.locator("#by-depth tbody tr").all_inner_texts()
         assert [r.split("\t")[0] + ":" + r.split("\t")[-2] for r in rows] == ["0:1", "1:3", "2:0", "all:4"], rows
         assert await page.evaluate("document.body.dataset.refreshed") is not None
+        # The crawl page's link lists the crawl's pages (no words: the crawl filter in the query),
+        # each with its status, once the ingester's feed has indexed them.
+        href = await page.locator("a", has_text="Its archived pages").get_attribute("href")
+
+        async def listed() -> bool:
+            await page.goto(href)
+            return await page.locator(".hit").count() == 4
+
+        await wait_until(listed, timeout=60, every=1)
+        assert await page.locator(".hit .status").all_inner_texts() == ["200"] * 4
+        assert set(await page.locator(".hit a.title").all_inner_texts()) == {
+            "crawl home", "crawl page 1", "crawl page 2", "crawl page 3"}
         await page.context.close()
 
 

@@ -230,6 +230,28 @@ async def test_status_counts_a_page_written_in_parts_once(applied, settings):
     assert crawl["followed"] == 1, crawl
 
 
+async def test_status_lists_each_workers_host_slots_while_held(applied, settings):
+    from busscrape.worker.fleet_gate import FleetGate, Slot
+    from busscrape.worker.host_rules import HostRules, Limit
+
+    w1 = FleetGate(applied.js, HostRules(Limit(2, 0)), holder="worker-one", busy_retry=1)
+    w2 = FleetGate(applied.js, HostRules(Limit(2, 0)), holder="worker two", busy_retry=1)  # a space in a name
+    held = [await w1.enter("a.example"), await w1.enter("[::1]"), await w1.enter("a.example"),
+            await w2.enter("b.example")]
+    assert all(isinstance(slot, Slot) for slot in held)
+    out = await busscrape(settings.nats.url, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    assert orjson.loads(out.stdout)["workers"] == [
+        {"worker": "worker two", "slots": 1, "hosts": {"b.example": 1}},
+        {"worker": "worker-one", "slots": 3, "hosts": {"[::1]": 1, "a.example": 2}}]
+    table = await busscrape(settings.nats.url, "status")
+    assert "workers rendering" in table.stdout and "a.example ×2" in table.stdout
+    for slot in held:
+        await slot.release()  # type: ignore[union-attr]
+    out = await busscrape(settings.nats.url, "status", "--json")
+    assert orjson.loads(out.stdout)["workers"] == []
+
+
 async def test_status_lists_the_crawls_newest_first_with_their_counts(applied, settings):
     from busscrape.crawl.frontier import Frontier
     from busscrape.crawl.links import PageLinks

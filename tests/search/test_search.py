@@ -263,6 +263,9 @@ async def test_reindex_rebuilds_the_index_from_the_archive(bus, tmp_path, nats_u
             assert await reindex(storage, index, limit=1 << 20) == 3
             hits = await index.search(SearchQuery.parse("archived"))
             assert len(hits) == 3 and all(h.url.startswith("http://127.0.0.2:8000/r") for h in hits)
+            # meta.json's HTTP status is indexed: a filter of its own, with or without text
+            assert {h.archive_key for h in await index.search(SearchQuery.parse("", status=200))} == \
+                {h.archive_key for h in hits}
 
 
 # -- the command --------------------------------------------------------------------------------

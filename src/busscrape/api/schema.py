@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from busscrape import __version__
 from busscrape.dispatch.intake import TaskOutcome
 from busscrape.model.messages import EXTRACTOR_NAME
-from busscrape.search.index import FILTER_PATTERN, MAX_FILTERS, MAX_QUERY_CHARS, SearchHit
+from busscrape.search.index import CRAWL_ID, FILTER_PATTERN, MAX_FILTERS, MAX_OFFSET, MAX_QUERY_CHARS, SearchHit
 from busscrape.settings import Settings
 from busscrape.status.history import TaskHistory
 
@@ -169,8 +169,13 @@ class ErrorBody(BaseModel):
 
 class SearchResults(BaseModel):
     query: str
+    """The text searched for; empty when the filters alone chose the pages (newest first)."""
     backend: str
     results: list[SearchHit]
+    offset: int = 0
+    """How many results in the query's order came before these (``offset``)."""
+    more: bool = False
+    """Whether more results follow: ask again with ``offset`` + the number of results."""
 
 
 class Health(BaseModel):
@@ -241,11 +246,13 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             },
             "/search": {
                 "get": {
-                    "operationId": "search", "summary": "Full-text search of the archived pages, best first",
+                    "operationId": "search",
+                    "summary": "Search the archived pages: best first, or newest first by filters alone",
                     "parameters": [
-                        {"name": "q", "in": "query", "required": True, "description": "The query, the same on every "
-                         "backend: words (all of them), \"a phrase\", a or b, -word (excluded)",
-                         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS}},
+                        {"name": "q", "in": "query", "description": "The query, the same on every backend: words "
+                         "(all of them), \"a phrase\", a or b, -word (excluded). Without it, the filters (at least "
+                         "one) list every page they keep, newest first",
+                         "schema": {"type": "string", "maxLength": MAX_QUERY_CHARS}},
                         {"name": "host", "in": "query", "schema": {"type": "string", "maxLength": MAX_HOST_PARAM}},
                         {"name": "since", "in": "query", "description": "A date, a time (ISO 8601) or an age "
                          "such as 7d", "schema": {"type": "string", "maxLength": MAX_SINCE_PARAM}},
@@ -258,6 +265,14 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                         {"name": "limit", "in": "query",
                          "schema": {"type": "integer", "minimum": 1, "maximum": api.max_search_results,
                                     "default": 10}},
+                        {"name": "crawl", "in": "query", "description": "Only the pages of this crawl",
+                         "schema": {"type": "string", "pattern": CRAWL_ID.pattern}},
+                        {"name": "status", "in": "query", "description": "Only the pages that answered this HTTP "
+                         "status", "schema": {"type": "integer", "minimum": 100, "maximum": 599}},
+                        {"name": "offset", "in": "query", "description": "Skip this many results (in the query's "
+                         "order, which ends on the archive key: pages of results neither repeat nor skip); `more` "
+                         "in the answer says whether another page follows",
+                         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "default": 0}},
                     ],
                     "responses": {"200": _json("#/components/schemas/SearchResults", "Ranked results"),
                                   **_errors(400, *map(int, auth), 503)},

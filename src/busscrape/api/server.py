@@ -7,16 +7,16 @@
     GET  /crawls/{crawl_id} the crawl's progress: links by outcome and depth, pages archived and dead
     GET  /tasks/{task_id}   the task's history (STATUS merged with SEEN, ``task_history``)
     GET  /tasks?url=…       the same, for the task a URL becomes
-    GET  /search?q=…        ranked full-text search of the archived pages (``search_index``);
-                            ``&where=price<100`` (repeatable) filters on the extracted record
+    GET  /search?q=…        ranked full-text search of the archived pages (``api.search``);
+                            ``&host= &since= &crawl= &status= &where=price<100`` (repeatable) filter,
+                            without ``q`` too (the newest first); ``&offset=`` pages on
     GET  /healthz           up, and whether NATS is connected
     GET  /openapi.json      the OpenAPI 3.1 document (``api_schema``)
 
-Every error is JSON, ``{"error": {"reason": …, "message": …}}``, whatever raised it (a bad
-body, an unknown path, a wrong method, an oversize body). With ``BUSSCRAPE_API__TOKEN`` set,
-every request but ``/healthz`` and ``/openapi.json`` needs ``Authorization: Bearer <token>``,
-compared in constant time. Bodies are limited to ``BUSSCRAPE_API__MAX_BODY_BYTES``: a declared
-length above it is refused before a byte is read, a chunked body as soon as it passes it.
+Every error is JSON and, with ``BUSSCRAPE_API__TOKEN`` set, every request but ``/healthz`` and
+``/openapi.json`` needs ``Authorization: Bearer <token>`` (``api.answers``). Bodies are limited
+to ``BUSSCRAPE_API__MAX_BODY_BYTES``: a declared length above it is refused before a byte is
+read, a chunked body as soon as it passes it.
 
 ``ApiServer`` is an async context manager with ``run()`` and ``stop()``, like the daemons: the
 first stop ends ``run()``; leaving the context stops listening and gives requests in flight
@@ -26,33 +26,25 @@ first stop ends ``run()``; leaving the context stops listening and gives request
 from __future__ import annotations
 
 import asyncio
-import hmac
-import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
 from aiohttp import web
-from multidict import MultiMapping
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from busscrape.api.answers import ApiError, Bearer, errors, reply, unavailable_as_503
 from busscrape.api.schema import (
-    MAX_HOST_PARAM,
-    MAX_SINCE_PARAM,
     MAX_URL_PARAM,
     CrawlProgress,
     CrawlRequest,
     CrawlStarted,
-    ErrorBody,
-    ErrorDetail,
     Health,
-    SearchResults,
     TaskRequest,
     TasksAccepted,
     openapi_document,
 )
+from busscrape.api.search import Searching
 from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
 from busscrape.bus.retry import TRANSIENT
@@ -60,8 +52,6 @@ from busscrape.dispatch.identity import task_id_for_url
 from busscrape.dispatch.intake import submit
 from busscrape.errors import BusscrapeError, ConfigurationError, InputError
 from busscrape.model.messages import describe_validation_error
-from busscrape.search import open_index
-from busscrape.search.index import InvalidQuery, SearchIndex, SearchQuery, SearchUnavailable, parse_since
 from busscrape.settings import Settings
 from busscrape.status.history import TASK_ID, HistoryReader, TaskHistory
 
@@ -73,46 +63,6 @@ log = structlog.get_logger("busscrape.api")
 
 SHUTDOWN_GRACE = 5.0
 MAX_REQUEST_LINE = 256 * 1024
-OPEN = frozenset({"/healthz", "/openapi.json"})  # served without a token
-
-
-def owns(path: str) -> bool:
-    """Whether a path is the web console's (``busscrape.api.console``: its own auth and error pages)."""
-    return path == "/" or path.startswith("/console/")
-_INTEGER = re.compile(r"^-?[0-9]{1,9}$")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class ApiError(Exception):
-    """An answer other than success: status, reason code, message (and per-task outcomes)."""
-
-    def __init__(self, status: int, reason: str, message: str, *, tasks: list[Any] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.message, self.tasks, self.headers = status, reason, message, tasks, headers
-
-
-def reply(model: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(model.model_dump(mode="json")), status=status,
-                        content_type="application/json", headers=headers)
-
-
-def failure(status: int, reason: str, message: str, **extra: Any) -> web.Response:
-    body = ErrorBody(error=ErrorDetail(reason=reason, message=message), tasks=extra.get("tasks"))
-    # `tasks` only where there are some (POST /tasks), not as null in every other error.
-    return web.Response(body=orjson.dumps(body.model_dump(mode="json", exclude_none=True)), status=status,
-                        content_type="application/json", headers=extra.get("headers"))
-
-
-@contextmanager
-def unavailable_as_503(what: str) -> Iterator[None]:
-    """A read of ``what`` on the bus that could not be answered is the server's 503, not a 500."""
-    try:
-        yield
-    except BusscrapeError as exc:
-        raise ApiError(503, exc.reason, exc.message) from None
-    except TRANSIENT as exc:
-        raise ApiError(503, "bus_unavailable", f"cannot read {what}: {exc!r}") from None
 
 
 class ApiServer:
@@ -126,8 +76,7 @@ class ApiServer:
         self.history = HistoryReader(bus.js)
         self.document = openapi_document(settings)
         self.token = settings.api.token.get_secret_value().encode() if settings.api.token else None
-        self._index: SearchIndex | None = None
-        self._index_lock = asyncio.Lock()
+        self.searching = Searching(settings)
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
         self._entered = False
@@ -146,7 +95,8 @@ class ApiServer:
         # query of 4-byte characters is 12 KB percent-encoded. Longer lines are let through to be
         # refused with a JSON reason by the parameters' own limits.
         app = web.Application(client_max_size=self.settings.api.max_body_bytes,
-                              middlewares=[self._errors, self._auth], handler_args={"max_line_size": MAX_REQUEST_LINE})
+                              middlewares=[errors, Bearer(self.token).middleware],
+                              handler_args={"max_line_size": MAX_REQUEST_LINE})
         app.router.add_post("/tasks", self.create_tasks)
         app.router.add_get("/tasks", self.find_task)
         app.router.add_get("/tasks/{task_id}", self.get_task)
@@ -181,8 +131,7 @@ class ApiServer:
             await self._runner.cleanup()
         if self._console is not None:
             await self._console.close()
-        if self._index is not None:
-            await self._index.close()
+        await self.searching.close()
         log.info("api.stopped")
 
     @property
@@ -196,42 +145,6 @@ class ApiServer:
         """Serve until ``stop()``."""
         await self._stopping.wait()
         return 0
-
-    # -- middleware ---------------------------------------------------------------------------
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every failure as a JSON error, keeping what HTTP needs (``Allow`` on 405)."""
-        if owns(request.path):  # the console answers its own failures with pages
-            return await handler(request)
-        try:
-            return await handler(request)
-        except ApiError as exc:
-            return failure(exc.status, exc.reason, exc.message, tasks=exc.tasks, headers=exc.headers)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            reason = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status, "http_error")
-            keep = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-            return failure(exc.status, reason, exc.text or exc.reason, headers=keep)
-        except Exception as exc:  # a bug: say so, keep serving
-            log.exception("api.failed", path=request.path)
-            return failure(500, "internal_error", f"{type(exc).__name__}: the server failed; see its log")
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.token is None or request.path in OPEN or owns(request.path):  # the console checks its own
-            return await handler(request)
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        given = given.lstrip(" ")  # RFC 6750: "Bearer" 1*SP token; nothing else is trimmed
-        if scheme.lower() != "bearer" or not given:
-            raise ApiError(401, "unauthorized", "this API wants `Authorization: Bearer <token>`",
-                           headers={"WWW-Authenticate": 'Bearer realm="busscrape"'})
-        # aiohttp keeps bytes that are not UTF-8 as surrogates: compare the bytes as received.
-        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token):
-            raise ApiError(401, "invalid_token", "the bearer token is not the API's",
-                           headers={"WWW-Authenticate": 'Bearer realm="busscrape", error="invalid_token"'})
-        return await handler(request)
 
     # -- tasks --------------------------------------------------------------------------------
 
@@ -380,38 +293,7 @@ class ApiServer:
     # -- search -------------------------------------------------------------------------------
 
     async def search(self, request: web.Request) -> web.Response:
-        return reply(await self.find(request.query))
-
-    async def find(self, q: Mapping[str, str] | MultiMapping[str]) -> SearchResults:
-        """``GET /search`` and the console's page search: ``q`` holds the query parameters."""
-        limit_text = q.get("limit", "10")
-        if not _INTEGER.match(limit_text):
-            raise ApiError(400, "invalid_query", f"limit must be an integer, not {limit_text!r}")
-        for name, longest in (("host", MAX_HOST_PARAM), ("since", MAX_SINCE_PARAM)):
-            if len(q.get(name, "")) > longest:
-                raise ApiError(400, "invalid_query", f"{name} is longer than {longest} characters")
-        where = q.getall("where", []) if isinstance(q, MultiMapping) else []
-        try:
-            query = SearchQuery.parse(q.get("q", ""), host=q.get("host"),
-                                      since=parse_since(q["since"]) if "since" in q else None,
-                                      limit=int(limit_text), max_limit=self.settings.api.max_search_results,
-                                      where=where)
-            index = await self._search_index()
-            hits = await index.search(query)
-        except InvalidQuery as exc:
-            raise ApiError(400, exc.reason, exc.message) from None
-        except (SearchUnavailable, ConfigurationError) as exc:
-            raise ApiError(503, exc.reason, exc.message) from None
-        return SearchResults(query=query.text, backend=index.backend, results=hits)
-
-    async def _search_index(self) -> SearchIndex:
-        """The index, opened on first use (and again after a failed open)."""
-        async with self._index_lock:
-            if self._index is None:
-                index = open_index(self.settings)
-                await index.__aenter__()
-                self._index = index
-            return self._index
+        return reply(await self.searching.find(request.query))
 
     # -- the rest -----------------------------------------------------------------------------
 

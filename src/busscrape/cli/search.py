@@ -15,21 +15,19 @@ if TYPE_CHECKING:
     from rich.console import Group
     from rich.text import Text
 
-    from busscrape.search.index import (
-        SearchHit,
-        SearchQuery,
-    )
+    from busscrape.search.index import SearchHit, SearchPage, SearchQuery
     from busscrape.settings import Settings
 
 
 HELP = """Search the visible text, titles and URLs of every archived page; best matches first.
 
-QUERY uses the index's own syntax. SQLite (the default): words (all must match), "a phrase",
-a OR b, a NOT b, prefix*, title:word (columns title, body, url, extracted). PostgreSQL: words,
-"a phrase", a or b, -word. Each result shows its title, URL, scrape date, archive folder and a
-snippet with the matches marked, and the record of a page whose task had an extractor (its text
-is searched too). --where FIELD<VALUE (repeatable; < <= > >= = !=) keeps pages whose extracted
-record's field holds it; a value that reads as a number compares as one (--where price<100).
+QUERY is the same on every backend: words (all must match), "a phrase", a or b, -word.
+Without QUERY, the filters (--host, --since, --crawl, --status, --where) list every page they
+keep, newest first; --offset pages through the results. Each result shows its title, URL,
+scrape date, archive folder and a snippet with the matches marked, and the record of a page
+whose task had an extractor (its text is searched too). --where FIELD<VALUE (repeatable;
+< <= > >= = !=) keeps pages whose extracted record's field holds it; a value that reads as a
+number compares as one (--where price<100).
 --reindex rebuilds the index from the archive's meta.json files (after pages were missed, or to
 fill a new index). Exit codes: 0 (with or without matches); 2 an invalid query, search off, or
 the index cannot be opened.
@@ -42,7 +40,12 @@ def search_cmd(
     host: str | None = typer.Option(None, "--host", help="Only pages of this host (exact, e.g. shop.example)."),
     since: str | None = typer.Option(None, "--since", metavar="WHEN", help="Only pages scraped since a date, a "
                                      "time (ISO 8601) or an age (7d, 36h)."),
+    crawl: str | None = typer.Option(None, "--crawl", metavar="CRAWL_ID", help="Only pages of this crawl."),
+    status: int | None = typer.Option(None, "--status", metavar="CODE", help="Only pages that answered this HTTP "
+                                      "status (e.g. 404)."),
     limit: int = typer.Option(10, "--limit", min=1, max=1000, help="At most this many results."),
+    offset: int = typer.Option(0, "--offset", min=0, help="Skip this many results first (the next page of "
+                               "results: --offset 10 after --limit 10)."),
     where: list[str] = typer.Option([], "--where", metavar="FIELD<VALUE", help="A condition on the extracted "
                                     "record's field (< <= > >= = !=), e.g. price<100. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (as GET /search does)."),
@@ -68,31 +71,34 @@ def search_cmd(
         count = run(_reindex(s, source))
         out.print(f"indexed {count:,} archived page(s)")
         raise typer.Exit(EXIT_OK)
-    if query is None:
-        usage("give a QUERY (or --reindex)")
+    if query is None and not (host or since or where or crawl or status is not None):
+        usage("give a QUERY, a filter (--host, --since, --where, --crawl, --status), or --reindex")
     try:
-        wanted = SearchQuery.parse(query, host=host, since=parse_since(since) if since else None, limit=limit,
-                                   max_limit=1000, where=where)
-        backend, hits = run(_search(s, wanted))
+        wanted = SearchQuery.parse(query or "", host=host, since=parse_since(since) if since else None, limit=limit,
+                                   max_limit=1000, where=where, crawl=crawl, status=status, offset=offset)
+        backend, found = run(_search(s, wanted))
     except (InvalidQuery, SearchUnavailable) as exc:
         err.print(f"[red]error:[/] {safe(exc.message)}")
         raise typer.Exit(EXIT_CONFIG) from None
     if as_json:
-        doc = {"query": wanted.text, "backend": backend, "results": [h.model_dump(mode="json") for h in hits]}
+        doc = {"query": wanted.text, "backend": backend, "results": [h.model_dump(mode="json") for h in found.hits],
+               "offset": wanted.offset, "more": found.more}
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")
-    elif not hits:
-        err.print(f"no archived page matches {safe(repr(wanted.text))}")
+    elif not found.hits:
+        err.print(f"no archived page matches {safe(repr(wanted.text)) if wanted.text else 'the filters'}")
     else:
-        for rank, hit in enumerate(hits, 1):
+        for rank, hit in enumerate(found.hits, wanted.offset + 1):
             out.print(render(rank, hit))
+        if found.more:
+            err.print(f"more results follow: --offset {wanted.offset + len(found.hits)}")
     raise typer.Exit(EXIT_OK)
 
 
-async def _search(s: Settings, query: SearchQuery) -> tuple[str, list[SearchHit]]:
+async def _search(s: Settings, query: SearchQuery) -> tuple[str, SearchPage]:
     from busscrape.search import open_index
 
     async with open_index(s) as index:
-        return index.backend, await index.search(query)
+        return index.backend, await index.page(query)
 
 
 async def _reindex(s: Settings, archive_dir: Path | None) -> int:

@@ -171,6 +171,13 @@ def render(doc: dict[str, Any]) -> Group:
             cooling.add_row(safe(row["host"]), f"{row['seconds_left']:.0f}s", str(row["status"] or ""),
                             safe(row["worker"]))
         parts.append(cooling)
+    if doc.get("workers"):
+        workers = Table("worker", "host slots held", "hosts", title="workers rendering (their HOSTS slot leases)",
+                        title_justify="left")
+        for row in doc["workers"]:
+            workers.add_row(safe(row["worker"]), str(row["slots"]),
+                            safe(", ".join(f"{host} ×{n}" for host, n in row["hosts"].items())))
+        parts.append(workers)
     parts += [streams, consumers, buckets, letters]
     if doc.get("crawls"):
         parts.append(_crawls(doc["crawls"]))

@@ -42,7 +42,7 @@ from busscrape.deadletters.queue import DeadLetterQueue, LetterFilter
 from busscrape.errors import StreamsMissing
 from busscrape.model.messages import decode, utcnow
 from busscrape.worker.backpressure import HIGH_WATER, fill_of
-from busscrape.worker.fleet_gate import Cooling, cooling_hosts
+from busscrape.worker.fleet_gate import Cooling, cooling_hosts, slots_by_worker
 
 log = structlog.get_logger("busscrape.overview")
 
@@ -147,9 +147,9 @@ class Overview:
 
     async def snapshot(self, before: Counters | None = None) -> tuple[dict[str, Any], Counters]:
         """The status document (docs/status.md has its keys) and the counters of this read."""
-        streams, consumers, by_stage, lag, cooling, crawls = await asyncio.gather(
+        (streams, consumers, by_stage, lag, cooling, crawls), slots = await asyncio.gather(asyncio.gather(
             self._streams(), self._consumers(), self._stage_counts(), self._jsz_lag(), cooling_hosts(self.bus.js),
-            self._crawls())
+            self._crawls()), slots_by_worker(self.bus.js))
         counters = self._counters(streams, consumers)
         # After the stream reads, so that the scan's own consumer is not counted on DEADLETTER.
         reasons, sampled = await self._reasons(streams[names.DEADLETTER_STREAM]["state"])
@@ -167,6 +167,8 @@ class Overview:
             "results": _results_room(streams[names.RESULTS_STREAM]),
             "rates": rates(before, counters) if before is not None else None,
             "cooling": [_cooling_row(c, time.time()) for c in cooling],
+            "workers": [{"worker": name, "slots": sum(hosts.values()), "hosts": dict(sorted(hosts.items()))}
+                        for name, hosts in sorted(slots.items())],
             "crawls": crawls,
         }
         return doc, counters

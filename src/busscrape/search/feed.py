@@ -70,7 +70,8 @@ async def page_from_archive(storage: Storage, plan: ArchivePlan, result: ScrapeR
     return IndexedPage(archive_key=plan.folder, task_id=result.task_id, url=result.url,
                        host=host_of(result.url) or "", title=result.title, text=text, scraped_at=result.scraped_at,
                        extractor=extraction.extractor if extraction else None,
-                       record=extraction.record if extraction else None)
+                       record=extraction.record if extraction else None,
+                       crawl_id=result.crawl.crawl_id if result.crawl else None, status=result.status)
 
 
 class SearchFeed:
@@ -207,7 +208,8 @@ async def _page_from_meta(storage: Storage, meta_key: str, limit: int) -> Indexe
                            host=host_of(meta["url"]) or "", title=meta.get("title") or "", text=text,
                            scraped_at=datetime.fromisoformat(meta["scraped_at"]),
                            extractor=extracted["extractor"] if extracted else None,
-                           record=extracted["record"] if extracted else None)
+                           record=extracted["record"] if extracted else None,
+                           crawl_id=(meta.get("crawl") or {}).get("crawl_id"), status=meta.get("status"))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         log.warning("search.unreadable_meta", key=meta_key, error=str(exc))
         return None

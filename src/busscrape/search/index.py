@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
@@ -52,6 +52,8 @@ MARK_START, MARK_END = "⟦", "⟧"
 """Around each matched term in a snippet: plain characters that page text almost never holds,
 safe to show on a terminal and safe in JSON (unlike ``<b>``, which a client might render as HTML)."""
 SNIPPET_WORDS = 24
+LEAD_CHARS = 200
+"""A result found without text (filters only) shows the start of its text, this long."""
 
 
 class InvalidQuery(InputError):
@@ -82,6 +84,10 @@ class IndexedPage:
     extractor: str | None = None
     record: dict[str, Any] | None = None
     """The extractor's record, when the task had one: its text is indexed, its fields filter (``where``)."""
+    crawl_id: str | None = None
+    """The crawl the page was found by (``meta.json``'s ``crawl``), for ``--crawl``."""
+    status: int | None = None
+    """The page's HTTP status, for ``--status``."""
 
 
 MAX_FILTERS = 8
@@ -120,13 +126,20 @@ class Filter:
         return f"{self.field}{self.op}{self.value}"
 
 
-NO_TERMS = Terms(())
-"""No terms: the default of a ``SearchQuery`` made without ``parse`` (it finds nothing)."""
+MAX_OFFSET = 100_000
+"""The furthest page of results a query may ask for (``offset``): deeper paging is a narrower query."""
+CRAWL_ID = re.compile(r"^[0-9a-f]{16}$")
+Column = Literal["host", "scraped_at", "crawl_id", "status"]
 
 
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
-    """A validated query: build it with ``SearchQuery.parse``."""
+    """A validated query: build it with ``SearchQuery.parse``.
+
+    With text, the best matches first; without (``terms`` None, at least one filter given), every
+    page the filters keep, newest first. Either order ends on the archive key, so pages of results
+    (``offset``, ``limit``) neither repeat nor skip a page while the index stands still.
+    """
 
     text: str
     host: str | None = None
@@ -134,33 +147,54 @@ class SearchQuery:
     limit: int = 10
     where: tuple[Filter, ...] = ()
     """Conditions on the extracted record's fields, all of which must hold."""
-    terms: Terms = NO_TERMS
-    """``text`` parsed (``search.terms``): what the backends search for."""
+    terms: Terms | None = None
+    """``text`` parsed (``search.terms``): what the backends search for; None: no text, filters only."""
+    crawl: str | None = None
+    status: int | None = None
+    offset: int = 0
+    """How many results (in the query's order) to skip: the start of a page of results."""
 
     @classmethod
     def parse(cls, text: str, *, host: str | None = None, since: datetime | None = None, limit: int = 10,
-              max_limit: int = 100, where: list[str] | tuple[str, ...] = ()) -> SearchQuery:
+              max_limit: int = 100, where: list[str] | tuple[str, ...] = (), crawl: str | None = None,
+              status: int | None = None, offset: int = 0) -> SearchQuery:
         """Check what no backend would accept, so both refuse it alike (``InvalidQuery``)."""
         # Length and characters are checked as given, before stripping: what the API document promises.
         if len(text) > MAX_QUERY_CHARS:
             raise InvalidQuery(f"the query is longer than {MAX_QUERY_CHARS} characters")
         if any(unicodedata.category(c) == "Cc" for c in text):
             raise InvalidQuery("the query holds control characters")
-        stripped = text.strip()
-        if not stripped:
-            raise InvalidQuery("the query is empty")
         if not 1 <= limit <= max_limit:
             raise InvalidQuery(f"limit must be between 1 and {max_limit}, not {limit}")
+        if not 0 <= offset <= MAX_OFFSET:
+            raise InvalidQuery(f"offset must be between 0 and {MAX_OFFSET:,}, not {offset}")
         if since is not None and since.tzinfo is None:
             since = since.replace(tzinfo=UTC)
         if len(where) > MAX_FILTERS:
             raise InvalidQuery(f"at most {MAX_FILTERS} where conditions")
+        crawl = crawl.strip().lower() if crawl and crawl.strip() else None
+        if crawl is not None and not CRAWL_ID.match(crawl):
+            raise InvalidQuery(f"crawl {crawl[:40]!r}: a crawl id is 16 lower-case hex characters")
+        if status is not None and not 100 <= status <= 599:
+            raise InvalidQuery(f"status must be an HTTP status (100 to 599), not {status}")
+        host = host.strip().lower() if host and host.strip() else None
         filters = tuple(Filter.parse(w) for w in where)
-        terms = parse_terms(stripped)
-        if terms is None:
+        stripped = text.strip()
+        terms = parse_terms(stripped) if stripped else None
+        if not stripped and not (host or since or filters or crawl or status is not None):
+            raise InvalidQuery("the query is empty (give words to find, or a filter: host, since, where, crawl, "
+                               "status)")
+        if stripped and terms is None:
             raise InvalidQuery("invalid query: it has no word to find (a query of only -exclusions, operators or "
                                "punctuation finds nothing)")
-        return cls(stripped, host.strip().lower() if host and host.strip() else None, since, limit, filters, terms)
+        return cls(stripped, host, since, limit, filters, terms, crawl, status, offset)
+
+    def columns(self) -> list[tuple[Column, str, Any]]:
+        """The filters on the page's own columns as (column, operator, value), all of which must
+        hold; each backend writes them in its SQL (``where`` filters read the record: ``Filter``)."""
+        given: list[tuple[Column, str, Any]] = [("host", "=", self.host), ("scraped_at", ">=", self.since),
+                                                ("crawl_id", "=", self.crawl), ("status", "=", self.status)]
+        return [(column, op, value) for column, op, value in given if value is not None]
 
 
 class SearchHit(BaseModel):
@@ -181,6 +215,17 @@ class SearchHit(BaseModel):
     extractor: str | None = None
     record: dict[str, Any] | None = None
     """The page's extracted record, when its task had an extractor."""
+    crawl_id: str | None = None
+    status: int | None = None
+
+
+class SearchPage(BaseModel):
+    """One page of a query's results, and whether another follows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hits: list[SearchHit]
+    more: bool
 
 
 class SearchIndex(ABC):
@@ -217,7 +262,12 @@ class SearchIndex(ABC):
 
     @abstractmethod
     async def search(self, query: SearchQuery) -> list[SearchHit]:
-        """The best matches first (``InvalidQuery``, ``SearchUnavailable``)."""
+        """The best matches first, or the newest first without text (``InvalidQuery``, ``SearchUnavailable``)."""
+
+    async def page(self, query: SearchQuery) -> SearchPage:
+        """``query``'s results, and whether there are more after them (one more is read to know)."""
+        hits = await self.search(replace(query, limit=query.limit + 1))
+        return SearchPage(hits=hits[:query.limit], more=len(hits) > query.limit)
 
     @abstractmethod
     async def count(self) -> int:

@@ -25,10 +25,10 @@ import orjson
 from busscrape.errors import AuthenticationFailed, ConfigurationError
 from busscrape.extract import records
 from busscrape.search.index import (
+    LEAD_CHARS,
     MARK_END,
     MARK_START,
     SNIPPET_WORDS,
-    Filter,
     IndexedPage,
     InvalidQuery,
     SearchHit,
@@ -56,9 +56,13 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS extracted text NOT NULL DEFAULT '';
 ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS extractor text;
 ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS record jsonb;
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS crawl_id text;
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS status integer;
 CREATE INDEX IF NOT EXISTS {TABLE}_document ON {TABLE} USING gin (document);
 CREATE INDEX IF NOT EXISTS {TABLE}_host ON {TABLE} (host, scraped_at);
 CREATE INDEX IF NOT EXISTS {TABLE}_task ON {TABLE} (task_id);
+CREATE INDEX IF NOT EXISTS {TABLE}_crawl ON {TABLE} (crawl_id, scraped_at);
+CREATE INDEX IF NOT EXISTS {TABLE}_newest ON {TABLE} (scraped_at, archive_key);
 """
 
 
@@ -74,30 +78,43 @@ DOCUMENT = (f"setweight(to_tsvector($1::regconfig, {_words('$6')}), 'A') "
             f"|| setweight(to_tsvector('simple', {_words('$4')}), 'C') "
             f"|| setweight(to_tsvector($1::regconfig, {_words('$9')}), 'B')")
 UPSERT = f"""
-INSERT INTO {TABLE} (archive_key, task_id, url, host, title, body, scraped_at, extracted, extractor, record, document)
-VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, {DOCUMENT})
+INSERT INTO {TABLE} (archive_key, task_id, url, host, title, body, scraped_at, extracted, extractor, record, crawl_id,
+                     status, document)
+VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, {DOCUMENT})
 ON CONFLICT (archive_key) DO UPDATE SET
     task_id = excluded.task_id, url = excluded.url, host = excluded.host, title = excluded.title,
     body = excluded.body, scraped_at = excluded.scraped_at, extracted = excluded.extracted,
-    extractor = excluded.extractor, record = excluded.record, document = excluded.document, indexed_at = now()
+    extractor = excluded.extractor, record = excluded.record, crawl_id = excluded.crawl_id, status = excluded.status,
+    document = excluded.document, indexed_at = now()
 """
 # A record's value as a number where it is one ("1299.00" is; "abc" is not: no cast error).
 NUMBER = ("(CASE WHEN p.record->>(${k}::text) ~ '^\\s*[-+]?([0-9]+\\.?[0-9]*|\\.[0-9]+)\\s*$' "
           "THEN (p.record->>(${k}::text))::numeric END)")
 
+# {where} is one "AND <condition>" per filter (``_conditions``). The archive key ends every order:
+# pages of results (OFFSET) neither repeat nor skip a row.
+COLUMNS = ("p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key, p.extractor, p.record::text AS record, "
+           "p.crawl_id, p.status")
 SEARCH = f"""
-WITH q AS (SELECT websearch_to_tsquery($1::regconfig, $2) AS query)
-SELECT p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key, p.extractor, p.record::text AS record,
-       ts_headline($1::regconfig, p.body || ' ' || p.extracted, q.query, $3) AS snippet,
+WITH q AS (SELECT websearch_to_tsquery($3::regconfig, $4) AS query)
+SELECT {COLUMNS}, ts_headline($3::regconfig, p.body || ' ' || p.extracted, q.query, $5) AS snippet,
        ts_rank_cd(p.document, q.query) AS score
 FROM {TABLE} p, q
 WHERE p.document @@ q.query
-  AND ($4::text IS NULL OR p.host = $4)
-  AND ($5::timestamptz IS NULL OR p.scraped_at >= $5)
   {{where}}
-ORDER BY score DESC, p.scraped_at DESC
-LIMIT $6
+ORDER BY score DESC, p.scraped_at DESC, p.archive_key
+LIMIT $1 OFFSET $2
 """
+# No text: every page the filters keep, newest first; the snippet is the text's start.
+LISTING = f"""
+SELECT {COLUMNS}, left(p.body, {LEAD_CHARS}) AS snippet, 0.0 AS score
+FROM {TABLE} p
+WHERE true
+  {{where}}
+ORDER BY p.scraped_at DESC, p.archive_key DESC
+LIMIT $1 OFFSET $2
+"""
+COLUMN_TYPES = {"host": "text", "scraped_at": "timestamptz", "crawl_id": "text", "status": "integer"}
 HEADLINE = (f'StartSel="{MARK_START}", StopSel="{MARK_END}", MaxWords={SNIPPET_WORDS}, MinWords=8, '
             'MaxFragments=2, FragmentDelimiter=" … "')
 
@@ -177,18 +194,24 @@ class PostgresIndex(SearchIndex):
             return
         rows = [(self.config, p.archive_key, p.task_id, p.url, p.host, _clean(p.title), _clean(p.text),
                  utc(p.scraped_at), _clean(records.text_of(p.record)) if p.record else "", p.extractor,
-                 _clean(orjson.dumps(p.record).decode()) if p.record is not None else None) for p in pages]
+                 _clean(orjson.dumps(p.record).decode()) if p.record is not None else None, p.crawl_id, p.status)
+                for p in pages]
         await self._run("executemany", UPSERT, rows, write=True)
 
     async def search(self, query: SearchQuery) -> list[SearchHit]:
-        where, params = _conditions(query.where, first=7)
-        rows = await self._run("fetch", SEARCH.format(where=where), self.config, websearch(query.terms), HEADLINE,
-                               query.host,
-                               query.since, query.limit, *params)
+        params: list[Any] = [query.limit, query.offset]
+        if query.terms is None:
+            sql = LISTING
+        else:
+            sql = SEARCH
+            params += [self.config, websearch(query.terms), HEADLINE]
+        where, filters = _conditions(query, first=len(params) + 1)
+        rows = await self._run("fetch", sql.format(where=where), *params, *filters)
         return [SearchHit(task_id=r["task_id"], url=r["url"], host=r["host"], title=r["title"],
                           scraped_at=r["scraped_at"], archive_key=r["archive_key"], snippet=r["snippet"] or "",
                           score=float(r["score"]), extractor=r["extractor"],
-                          record=orjson.loads(r["record"]) if r["record"] else None) for r in rows]
+                          record=orjson.loads(r["record"]) if r["record"] else None, crawl_id=r["crawl_id"],
+                          status=r["status"]) for r in rows]
 
     async def count(self) -> int:
         return int(await self._run("fetchval", f"SELECT count(*) FROM {TABLE}"))
@@ -213,11 +236,15 @@ class PostgresIndex(SearchIndex):
             raise SearchUnavailable(f"PostgreSQL at {self.where} failed: {type(exc).__name__}: {exc}") from None
 
 
-def _conditions(filters: tuple[Filter, ...], *, first: int) -> tuple[str, list[Any]]:
-    """SQL and parameters (numbered from ``$first``) for the ``where`` filters."""
+def _conditions(query: SearchQuery, *, first: int) -> tuple[str, list[Any]]:
+    """SQL and parameters (numbered from ``$first``) for the query's filters (columns and operators
+    come from fixed sets)."""
     sql: list[str] = []
     params: list[Any] = []
-    for f in filters:
+    for column, op, value in query.columns():
+        sql.append(f"AND p.{column} {op} ${first + len(params)}::{COLUMN_TYPES[column]}")
+        params.append(value)
+    for f in query.where:
         k, v = first + len(params), first + len(params) + 1
         if f.number is not None:
             sql.append(f"AND {NUMBER.format(k=k)} {f.op} ${v}::numeric")

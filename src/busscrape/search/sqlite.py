@@ -26,10 +26,10 @@ import orjson
 from busscrape.errors import ConfigurationError
 from busscrape.extract import records
 from busscrape.search.index import (
+    LEAD_CHARS,
     MARK_END,
     MARK_START,
     SNIPPET_WORDS,
-    Filter,
     IndexedPage,
     InvalidQuery,
     SearchHit,
@@ -42,7 +42,16 @@ from busscrape.search.terms import Term, Terms
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Version 3: the crawl and the HTTP status of each page, filters of their own (and the newest first).
+INDEXES_3 = """
+CREATE INDEX IF NOT EXISTS pages_crawl ON pages(crawl_id, scraped_at);
+CREATE INDEX IF NOT EXISTS pages_newest ON pages(scraped_at, archive_key);
+"""
+MIGRATE_2 = """
+ALTER TABLE pages ADD COLUMN crawl_id TEXT;
+ALTER TABLE pages ADD COLUMN status INTEGER;
+""" + INDEXES_3
 TABLES = """
 CREATE TABLE IF NOT EXISTS pages (
     id INTEGER PRIMARY KEY,
@@ -56,11 +65,13 @@ CREATE TABLE IF NOT EXISTS pages (
     indexed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
     extracted TEXT NOT NULL DEFAULT '',
     extractor TEXT,
-    record TEXT
+    record TEXT,
+    crawl_id TEXT,
+    status INTEGER
 );
 CREATE INDEX IF NOT EXISTS pages_host ON pages(host, scraped_at);
 CREATE INDEX IF NOT EXISTS pages_task ON pages(task_id);
-"""
+""" + INDEXES_3
 FTS = """
 CREATE VIRTUAL TABLE IF NOT EXISTS pages_fts USING fts5(
     title, body, url, extracted, content='pages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
@@ -89,31 +100,42 @@ ALTER TABLE pages ADD COLUMN extractor TEXT;
 ALTER TABLE pages ADD COLUMN record TEXT;
 DROP TRIGGER IF EXISTS pages_ai; DROP TRIGGER IF EXISTS pages_ad; DROP TRIGGER IF EXISTS pages_au;
 DROP TABLE IF EXISTS pages_fts;
-""" + FTS + "INSERT INTO pages_fts(pages_fts) VALUES ('rebuild');"
+""" + FTS + "INSERT INTO pages_fts(pages_fts) VALUES ('rebuild');" + MIGRATE_2
+MIGRATIONS = {1: MIGRATE_1, 2: MIGRATE_2}
 
 UPSERT = """
-INSERT INTO pages (archive_key, task_id, url, host, title, body, scraped_at, extracted, extractor, record)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO pages (archive_key, task_id, url, host, title, body, scraped_at, extracted, extractor, record,
+                   crawl_id, status)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (archive_key) DO UPDATE SET
     task_id = excluded.task_id, url = excluded.url, host = excluded.host, title = excluded.title,
     body = excluded.body, scraped_at = excluded.scraped_at, extracted = excluded.extracted,
-    extractor = excluded.extractor, record = excluded.record,
+    extractor = excluded.extractor, record = excluded.record, crawl_id = excluded.crawl_id,
+    status = excluded.status,
     indexed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
 """
 
 # Weights of bm25 per FTS column (title, body, url, extracted). bm25 is lower-is-better; the hit's
-# score is negated. {where} is one "AND <condition>" per filter (``_conditions``).
+# score is negated. {where} is one "AND <condition>" per filter (``_conditions``). The archive key
+# ends every order: pages of results (OFFSET) neither repeat nor skip a row.
+COLUMNS = "p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key, p.extractor, p.record, p.crawl_id, p.status"
 SEARCH = f"""
-SELECT p.task_id, p.url, p.host, p.title, p.scraped_at, p.archive_key,
-       snippet(pages_fts, -1, ?, ?, '…', {SNIPPET_WORDS}) AS snippet,
-       bm25(pages_fts, 5.0, 1.0, 2.0, 3.0) AS rank, p.extractor, p.record
+SELECT {COLUMNS}, snippet(pages_fts, -1, ?, ?, '…', {SNIPPET_WORDS}) AS snippet,
+       bm25(pages_fts, 5.0, 1.0, 2.0, 3.0) AS rank
 FROM pages_fts JOIN pages p ON p.id = pages_fts.rowid
 WHERE pages_fts MATCH ?
-  AND (? IS NULL OR p.host = ?)
-  AND (? IS NULL OR p.scraped_at >= ?)
   {{where}}
-ORDER BY rank, p.scraped_at DESC
-LIMIT ?
+ORDER BY rank, p.scraped_at DESC, p.archive_key
+LIMIT ? OFFSET ?
+"""
+# No text: every page the filters keep, newest first; the snippet is the text's start.
+LISTING = f"""
+SELECT {COLUMNS}, substr(p.body, 1, {LEAD_CHARS}) AS snippet, 0.0 AS rank
+FROM pages p
+WHERE 1 = 1
+  {{where}}
+ORDER BY p.scraped_at DESC, p.archive_key DESC
+LIMIT ? OFFSET ?
 """
 
 
@@ -129,10 +151,14 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _conditions(filters: tuple[Filter, ...]) -> tuple[str, list[Any]]:
-    """SQL and parameters for the ``where`` filters (operators come from a fixed set)."""
-    sql, params = [], []
-    for f in filters:
+def _conditions(query: SearchQuery) -> tuple[str, list[Any]]:
+    """SQL and parameters for the query's filters (columns and operators come from fixed sets)."""
+    sql: list[str] = []
+    params: list[Any] = []
+    for column, op, value in query.columns():
+        sql.append(f"AND p.{column} {op} ?")
+        params.append(_timestamp(value) if isinstance(value, datetime) else value)
+    for f in query.where:
         if f.number is not None:
             sql.append(f"AND busscrape_number(json_extract(p.record, ?)) {f.op} ?")
             params += [f"$.{f.field}", float(f.number)]
@@ -205,7 +231,7 @@ class SqliteIndex(SearchIndex):
             if version < SCHEMA_VERSION:
                 # One script, one transaction: a second process opening the file at the same moment
                 # waits for it, then finds every IF NOT EXISTS satisfied (and the version it wrote).
-                script = MIGRATE_1 if version == 1 else SCHEMA
+                script = MIGRATIONS.get(version, SCHEMA)
                 try:
                     db.executescript(f"BEGIN IMMEDIATE;{script}PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
                 except sqlite3.Error as exc:
@@ -236,18 +262,21 @@ class SqliteIndex(SearchIndex):
         db = self._connection()
         rows = [(p.archive_key, p.task_id, p.url, p.host, p.title, p.text, _timestamp(p.scraped_at),
                  records.text_of(p.record) if p.record else "", p.extractor,
-                 orjson.dumps(p.record).decode() if p.record is not None else None) for p in pages]
+                 orjson.dumps(p.record).decode() if p.record is not None else None, p.crawl_id, p.status)
+                for p in pages]
         with _transaction(db):
             db.executemany(UPSERT, rows)
 
     async def search(self, query: SearchQuery) -> list[SearchHit]:
-        since = _timestamp(query.since) if query.since else None
-        where, filters = _conditions(query.where)
-        params = (MARK_START, MARK_END, fts5(query.terms), query.host, query.host, since, since, *filters, query.limit)
-        rows = await self._guarded(self._search, SEARCH.format(where=where), params)
+        where, filters = _conditions(query)
+        if query.terms is None:
+            sql, params = LISTING, (*filters, query.limit, query.offset)
+        else:
+            sql, params = SEARCH, (MARK_START, MARK_END, fts5(query.terms), *filters, query.limit, query.offset)
+        rows = await self._guarded(self._search, sql.format(where=where), params)
         return [SearchHit(task_id=r[0], url=r[1], host=r[2], title=r[3], scraped_at=datetime.fromisoformat(r[4]),
-                          archive_key=r[5], snippet=r[6] or "", score=-r[7], extractor=r[8],
-                          record=orjson.loads(r[9]) if r[9] else None) for r in rows]
+                          archive_key=r[5], extractor=r[6], record=orjson.loads(r[7]) if r[7] else None,
+                          crawl_id=r[8], status=r[9], snippet=r[10] or "", score=-r[11]) for r in rows]
 
     def _search(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         try:

@@ -311,3 +311,22 @@ async def cooling_hosts(js: JetStreamContext) -> list[Cooling]:
     now = time.time()
     found = [c for key, value in entries.items() if (c := Cooling.decode(host_of(key), value)) and c.until > now]
     return sorted(found, key=lambda c: c.host)
+
+
+async def slots_by_worker(js: JetStreamContext) -> dict[str, dict[str, int]]:
+    """The host slots each worker holds now, read from HOSTS (for ``busscrape status``): worker
+    name → host → slots. A slot is held for each page a worker renders (with fleet politeness on)
+    and its key goes with the bucket's TTL when the worker dies, so this is the fleet's live view;
+    empty when HOSTS cannot be read."""
+    try:
+        entries = await kv_latest(js, names.HOSTS_BUCKET, "slot.>")
+    except transient_or(nats.js.errors.NotFoundError):
+        return {}
+    held: dict[str, dict[str, int]] = {}
+    for key, value in entries.items():
+        token = key.removeprefix("slot.").rpartition(".")[0]
+        worker = value.decode(errors="replace").rpartition(" ")[0]  # "<holder> <take token>" (leases.take)
+        if token and worker:
+            hosts = held.setdefault(worker, {})
+            hosts[host_of(token)] = hosts.get(host_of(token), 0) + 1
+    return held

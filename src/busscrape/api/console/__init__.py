@@ -26,15 +26,16 @@ from typing import TYPE_CHECKING
 import structlog
 from aiohttp import web
 
+from busscrape.api.answers import ApiError, owns
 from busscrape.api.console.folders import Folders
 from busscrape.api.console.guard import PAGE_HEADERS, Guard, Refused
 from busscrape.api.console.letters import Letters
 from busscrape.api.console.render import CONTEXT, page
 from busscrape.api.console.views import Views
-from busscrape.api.server import ApiError, owns
 
 if TYPE_CHECKING:
-    from busscrape.api.server import ApiServer, Handler
+    from busscrape.api.answers import Handler
+    from busscrape.api.server import ApiServer
 
 log = structlog.get_logger("busscrape.console")
 

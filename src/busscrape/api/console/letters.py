@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from busscrape.api.answers import unavailable_as_503
 from busscrape.api.console.guard import Refused
 from busscrape.api.console.render import CONTEXT, page
-from busscrape.api.server import unavailable_as_503
 from busscrape.deadletters.queue import DeadLetterQueue, Entry, LetterFilter, Outcome
 from busscrape.model.messages import utcnow
 

@@ -2,7 +2,7 @@
 
 Each reads what the matching command reads, through the API server's own handlers' code:
 ``busscrape status``'s ``Overview`` snapshot, ``ApiServer.crawl_progress`` / ``start_crawl``
-(``GET``/``POST /crawls``), ``ApiServer.find`` (``GET /search``), ``ApiServer.task_history``
+(``GET``/``POST /crawls``), ``Searching.find`` (``GET /search``), ``ApiServer.task_history``
 (``GET /tasks/{id}``) and the archive folder the search result names.
 """
 
@@ -12,16 +12,16 @@ import asyncio
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from aiohttp import web
 from multidict import MultiDict
 from pydantic import ValidationError
 
+from busscrape.api.answers import ApiError, unavailable_as_503
 from busscrape.api.console.folders import DOWNLOADS, Folders
-from busscrape.api.console.guard import Refused
 from busscrape.api.console.render import CONTEXT, page
-from busscrape.api.schema import CrawlRequest
-from busscrape.api.server import ApiError, unavailable_as_503
+from busscrape.api.schema import CrawlRequest, SearchResults
 from busscrape.bus import names, topology
 from busscrape.model.messages import describe_validation_error
 from busscrape.ops.overview import Counters, Overview
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 RATE_WINDOW = 600.0  # seconds of rates the overview's chart shows
 MIN_GAP = 1.0  # a refresh sooner than this after the last reuses its counters' base (rates need a gap)
-SEARCH_LIMIT = 50
+SEARCH_LIMIT = 50  # results a page of the Pages view
+ASKED = ("q", "host", "since", "where", "crawl", "status")  # the Pages view's form fields
 CRAWL_FIELDS = ("seeds", "scope", "depth", "max_pages", "include", "exclude", "robots", "follow", "sitemaps")
 
 
@@ -100,7 +101,7 @@ class Views:
     async def archived(self) -> int | None:
         """Pages in the search index (the archive's pages when search is on), or None."""
         try:
-            index = await self.server._search_index()
+            index = await self.server.searching.index()
             return await index.count()
         except Exception:  # search off or not answering: the overview shows a dash, not an error
             return None
@@ -153,41 +154,32 @@ class Views:
     # -- pages -------------------------------------------------------------------------------
 
     async def pages(self, request: web.Request) -> web.Response:
+        """A search (text and filters, either or both) through ``GET /search``'s own reading of its
+        parameters, a page of results at a time: the filters are in the query, so every matching
+        page is reachable, not only the best hits."""
         q = request.query
-        asked = {name: q.get(name, "").strip() for name in ("q", "host", "since", "where", "crawl", "status")}
-        hits: list[dict[str, Any]] | None = None
+        asked = {name: q.get(name, "").strip() for name in ASKED}
+        found: SearchResults | None = None
         error = None
-        if asked["q"]:
-            limit = min(SEARCH_LIMIT, self.server.settings.api.max_search_results)
-            params: dict[str, Any] = {"q": asked["q"], "limit": str(limit)}
-            params.update({k: asked[k] for k in ("host", "since") if asked[k]})
-            query = MultiDict(params)
+        limit = min(SEARCH_LIMIT, self.server.settings.api.max_search_results)
+        if any(asked.values()):
+            query = MultiDict({k: v for k, v in asked.items() if v and k != "where"})
             for condition in lines(asked["where"].replace(",", "\n")):
                 query.add("where", condition)
+            query.update(limit=str(limit), offset=q.get("offset", "0"))
             try:
-                found = await self.server.find(query)
-                hits = await self._narrowed([h.model_dump() for h in found.results], asked["crawl"], asked["status"])
+                found = await self.server.searching.find(query)
             except ApiError as exc:
                 error = f"{exc.reason}: {exc.message}"
-        return page("pages.html", status=400 if error and "invalid" in error else 200, asked=asked, hits=hits,
-                    error=error, limit=SEARCH_LIMIT, **request[CONTEXT])
-
-    async def _narrowed(self, hits: list[dict[str, Any]], crawl: str, status: str) -> list[dict[str, Any]]:
-        """The hits of one crawl or HTTP status (read from each hit's ``meta.json``)."""
-        if not crawl and not status:
-            return hits
-        kept = []
-        for hit in hits:
-            try:
-                meta = await self.folders.meta(hit["archive_key"])
-            except Refused:
-                continue
-            if crawl and (meta.get("crawl") or {}).get("crawl_id") != crawl:
-                continue
-            if status and str(meta.get("status")) != status:
-                continue
-            kept.append(hit)
-        return kept
+        pager = {}
+        if found is not None:
+            kept = {k: v for k, v in asked.items() if v}
+            if found.offset:
+                pager["previous"] = "/console/pages?" + urlencode({**kept, "offset": max(found.offset - limit, 0)})
+            if found.more:
+                pager["next"] = "/console/pages?" + urlencode({**kept, "offset": found.offset + limit})
+        return page("pages.html", status=400 if error and "invalid" in error else 200, asked=asked, found=found,
+                    pager=pager, error=error, **request[CONTEXT])
 
     async def page_view(self, request: web.Request) -> web.Response:
         folder = request.query.get("key", "")
