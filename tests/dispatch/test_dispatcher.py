@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -327,6 +328,30 @@ async def test_an_ambiguous_refusal_is_resolved_by_reading_the_key_back(applied,
             await dispatcher._resolve(pub)
     assert published == ["a" * 32]
     assert (dispatcher.counts.published, dispatcher.counts.already_seen) == (1, 2)
+
+
+async def test_a_read_back_that_meets_an_outage_waits_it_out_within_publish_outage_wait(applied, settings,
+                                                                                          nats_server):
+    # The read-back that settles an ambiguous refusal met a frozen server (a lookup timeout, as
+    # under heavy load or a leader election): before, it counted the task `unconfirmed` at once.
+    ours = b'{"by":"us"}'
+    await applied.js.publish(names.seen_key_subject("d" * 32), ours)
+    published: list[str] = []
+    refusal = PublishFailed("wrong last sequence: 1", code=400, err_code=WRONG_LAST_SEQUENCE)
+    s = settings.with_overrides(nats={"request_timeout": "1s"}, dispatch={"publish_outage_wait": "60s"})
+    async with await Bus.connect(s, name="resolve") as bus, \
+            Dispatcher(bus, s, on_published=published.append) as dispatcher:
+        pub = Publication(names.seen_key_subject("d" * 32), ours, None, None, "d" * 32, attempts=2, error=refusal,
+                          first_sent=time.monotonic())
+        os.kill(nats_server.process.pid, signal.SIGSTOP)
+        try:
+            resolving = asyncio.create_task(dispatcher._resolve(pub))
+            await asyncio.sleep(4)  # lookups time out meanwhile (1 s each)
+        finally:
+            os.kill(nats_server.process.pid, signal.SIGCONT)
+        await asyncio.wait_for(resolving, 30)
+    assert published == ["d" * 32]
+    assert (dispatcher.counts.published, dispatcher.counts.unconfirmed) == (1, 0)
 
 
 def test_the_template_writes_what_the_models_write():

@@ -390,8 +390,12 @@ class Dispatcher:
 
     async def _resolve(self, pub: Publication) -> None:
         """A retried create found the key taken: by our own earlier attempt, or by someone else?"""
+        # The read-back may meet an outage too (a timeout, an election): waited out like the
+        # publish itself, within publish_outage_wait of the first send, before "unconfirmed".
+        within = self.settings.dispatch.publish_outage_wait - (time.monotonic() - pub.first_sent)
         try:
-            stored = await self.bus.js.get_last_msg(names.SEEN_STREAM, pub.subject)
+            stored = await patiently(lambda: self.bus.js.get_last_msg(names.SEEN_STREAM, pub.subject),
+                                     within=max(within, 0.0), what="dispatch.resolve")
         except nats.js.errors.NotFoundError:
             self._seen_before(pub.context)  # taken, then expired: not ours to claim
             return
