@@ -8,6 +8,7 @@ import base64
 import gzip
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,14 +73,25 @@ def traffic(site):
 
 
 async def record(browser, url: str, path: Path, *, wait_until: str = "load", payloads: PayloadIndex | None = None,
-                 settle_js: str | None = None, **limits) -> WarcRecorder:
+                 settle_js: str | None = None, finished: tuple[str, int] | None = None, **limits) -> WarcRecorder:
+    """Record ``url`` until ``settle_js`` is true in the page and (``finished``: a path's end and a
+    count) that many requests to that path have finished in the browser as the recorder saw them:
+    a script sees a response before its network events reach the recorder."""
     page = await (await browser.new_context()).new_page()
     warc = WarcRecorder(page, max_body_bytes=limits.get("max_body_bytes", 1 << 20),
                         max_total_bytes=limits.get("max_total_bytes", 8 << 20), payloads=payloads,
                         browser_version="test")
+    done = asyncio.Event()
+    seen = []
+    if finished is not None:
+        # After the recorder's own listener, so it has seen each request this one counts.
+        page.on("requestfinished", lambda r: (seen.append(r), len(seen) >= finished[1] and done.set())
+                if r.url.endswith(finished[0]) else None)
     await page.goto(url, wait_until=wait_until)
     if settle_js:
         await page.wait_for_function(settle_js)
+    if finished is not None:
+        await asyncio.wait_for(done.wait(), 30)
     spool = await warc.finish({"url": url, "final_url": page.url, "title": await page.title()},
                               [Resource(f"urn:dom:{page.url}", "text/html", (await page.content()).encode())])
     path.write_bytes(spool.read())
@@ -168,7 +180,7 @@ async def test_request_bodies_count_against_the_pages_warc(browser, site, tmp_pa
 
     path = tmp_path / "page.warc.gz"
     warc = await record(browser, site.url("/"), path, settle_js="document.getElementById('out').textContent",
-                        max_body_bytes=1 << 20, max_total_bytes=300_000)
+                        finished=("/up", 20), max_body_bytes=1 << 20, max_total_bytes=300_000)
     assert warc_tool("warcio", "check", str(path)).returncode == 0
     recs = records(path)
     posts = [r for r in by_type(recs, "request") if r[1]["WARC-Target-URI"].endswith("/up")]
@@ -176,6 +188,52 @@ async def test_request_bodies_count_against_the_pages_warc(browser, site, tmp_pa
     assert sum(len(r[3]) for r in recs if r[0] in ("request", "response", "resource")) <= 300_000
     assert any(r[1].get("WARC-Truncated") == "length" for r in posts)
     assert any("request body cut" in n["note"] for n in warc.notes)
+
+
+async def test_a_request_that_finishes_during_the_capture_is_recorded_once(browser, site, tmp_path):
+    """A body still loading when the page is captured is recorded as such (``time``), once: the
+    request finishing while that record is written adds no second record behind it (it did, in
+    CI: 21 request records for 20 POSTs). The test's own wrapper holds the record's write until
+    the request has finished in the browser, so the interleaving happens every run."""
+    release = threading.Event()
+    site.page("/", "<title>slow</title><script>fetch('/slow').then(r => r.text())</script>")
+
+    @site.route("/slow")
+    async def half_then_the_rest(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        await response.write(b"first half ")
+        await asyncio.to_thread(release.wait, 30)
+        await response.write(b"second half")
+        await response.write_eof()
+        return response
+
+    page = await (await browser.new_context()).new_page()
+    warc = WarcRecorder(page, max_body_bytes=1 << 20, max_total_bytes=8 << 20, browser_version="test")
+    async with page.expect_response("**/slow"):
+        await page.goto(site.url("/"))
+    store = warc._store
+
+    async def store_as_the_request_finishes(response, body, truncated, why):
+        if truncated == "time":
+            async with page.expect_event("requestfinished", lambda r: r.url.endswith("/slow")):
+                release.set()
+            await asyncio.sleep(0.2)  # the finished event's handlers run
+        await store(response, body, truncated, why)
+
+    warc._store = store_as_the_request_finishes
+    spool = await warc.finish({"url": site.url("/")}, [])
+    for _ in range(50):  # whatever the finished event set going has finished too
+        if not warc._recording:
+            break
+        await asyncio.sleep(0.1)
+    path = tmp_path / "page.warc.gz"
+    path.write_bytes(spool.read())
+    spool.close()
+    await page.context.close()
+    assert warc_tool("warcio", "check", str(path)).returncode == 0
+    slow = [r for r in records(path) if r[0] == "response" and r[1]["WARC-Target-URI"].endswith("/slow")]
+    assert [r[1].get("WARC-Truncated") for r in slow] == ["time"]
 
 
 # -- hostile pages ------------------------------------------------------------------------------

@@ -172,6 +172,8 @@ class WarcRecorder:
         self._writer = _Writer(self._spool)
         self._responses: dict[Request, Response] = {}
         self._recording: dict[asyncio.Future[None], str] = {}
+        self._settled = False
+        """Whether ``settle`` has begun: network events after it are not this WARC's."""
         self._seen: dict[str, tuple[str, str]] = {}
         """digest → (URI, WARC-Date) of the full responses this WARC holds (``stored``)."""
         self.reserved = 0
@@ -208,15 +210,17 @@ class WarcRecorder:
     # -- events -----------------------------------------------------------------------------
 
     def _on_response(self, response: Response) -> None:
-        if urlsplit(response.url).scheme in ("http", "https"):
+        if not self._settled and urlsplit(response.url).scheme in ("http", "https"):
             self._responses[response.request] = response
 
     def _on_finished(self, request: Request) -> None:
-        response = self._responses.pop(request, None)
+        response = self._responses.pop(request, None)  # None once settled: _responses is empty
         if response is not None:
             self._spawn(response.url, self._record(response, None, ""))
 
     def _on_failed(self, request: Request) -> None:
+        if self._settled:  # a request cut by the capture itself (the tab closing): not the page's
+            return
         failure = request.failure or "failed"
         response = self._responses.pop(request, None)
         if response is None:
@@ -354,9 +358,13 @@ class WarcRecorder:
         for job, url in list(self._recording.items()):
             job.cancel()
             self.note(url, "not recorded: its body did not come in time")
-        for response in list(self._responses.values()):
-            await self._store(response, b"", "time", "still loading when the page was captured")
+        # From here on the WARC is the page as captured: a request that finishes while these are
+        # written (or later) must not add a second record of itself behind them.
+        self._settled = True
+        loading = list(self._responses.values())
         self._responses.clear()
+        for response in loading:
+            await self._store(response, b"", "time", "still loading when the page was captured")
 
     async def finish(self, page: dict[str, Any], resources: list[Resource]) -> IO[bytes]:
         """Settle, add the page's metadata and resources, and return the WARC file (at its start).
