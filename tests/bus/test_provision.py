@@ -56,6 +56,26 @@ async def test_buckets_and_tasks_are_compressed_from_the_first_apply(bus, settin
     assert [(await bus.js.stream_info(n)).config.compression for n in compressed] == ["none"] * 3
 
 
+async def test_a_first_apply_deletes_no_stream_so_a_record_written_while_it_runs_stays(bus, settings):
+    """Each bucket's stream is made once, compressed from the start. It used to be made by the
+    bucket API, then deleted and made again: an ingester waiting for STATUS could write its
+    ``archived`` record in between and lose it (the result acked, the record gone, ``run``
+    waiting for ever). JetStream announces every stream deletion; a first apply makes none."""
+    deleted: list[str] = []
+
+    async def note(msg) -> None:
+        deleted.append(msg.subject)
+
+    sub = await bus.nc.subscribe("$JS.EVENT.ADVISORY.STREAM.DELETED.>", cb=note)
+    await provision.apply(bus.js, topology.load(settings))
+    await bus.nc.flush()
+    await asyncio.sleep(0.5)  # advisories are sent after the API's reply
+    await sub.unsubscribe()
+    assert deleted == []
+    kv = await bus.js.key_value(names.STATUS_BUCKET)  # and the bucket behaves as nats-py's own
+    assert await kv.create("k", b"1") == 1 and (await kv.get("k")).value == b"1"
+
+
 async def test_apply_twice_changes_nothing(bus, settings):
     defs = topology.load(settings)
     await provision.apply(bus.js, defs)

@@ -11,7 +11,9 @@ is needed:
 - ``connection_of`` is the client behind a JetStream context;
 - ``prefetched`` is the queue of messages a pull subscription received for an expired fetch
   (handed back with a nak at shutdown instead of waiting out ack_wait);
-- ``TlsEnforcingClient`` hooks ``_process_info`` to refuse a plaintext fallback.
+- ``TlsEnforcingClient`` hooks ``_process_info`` to refuse a plaintext fallback;
+- ``create_key_value_as`` runs nats-py's ``create_key_value`` with the stream's configuration
+  adjusted before the stream is made (what the bucket API cannot say, such as compression).
 
 Each internal is looked for at import; when one is missing this module raises ``ImportError``
 naming it and the installed nats-py version, instead of failing later, half-way through a
@@ -22,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, cast
 
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 from nats.protocol.command import hpub_cmd
 
 
@@ -46,6 +49,8 @@ def _missing() -> list[str]:
         gone.append("JetStreamContext.PullSubscription._sub")
     if "self._pending_queue" not in inspect.getsource(Subscription.__init__):
         gone.append("Subscription._pending_queue")
+    if "self.add_stream(" not in inspect.getsource(JetStreamContext.create_key_value):
+        gone.append("JetStreamContext.create_key_value through self.add_stream")
     return gone
 
 
@@ -62,6 +67,28 @@ if _GONE:
         f"busscrape relies on nats-py internals that nats-py {_nats_py_version()} does not have: "
         f"{', '.join(_GONE)}. Install the nats-py release pyproject.toml names (pip install 'nats-py>=2.16,<2.17'), "
         "or update busscrape.bus.compat for this one")
+
+
+class _AdjustedStreams:
+    """A JetStream context whose ``add_stream`` adjusts the configuration first."""
+
+    def __init__(self, js: JetStreamContext, adjust: Callable[[api.StreamConfig], api.StreamConfig]) -> None:
+        self._js = js
+        self._adjust = adjust
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+    async def add_stream(self, config: api.StreamConfig, **params: Any) -> api.StreamInfo:
+        return await self._js.add_stream(self._adjust(config), **params)
+
+
+async def create_key_value_as(js: JetStreamContext, config: api.KeyValueConfig,
+                              adjust: Callable[[api.StreamConfig], api.StreamConfig]) -> None:
+    """Create a bucket with nats-py's conventions for its stream (subjects, rollups, discard,
+    history …) and ``adjust`` applied to that stream's configuration, in one ``add_stream``: no
+    moment when the bucket takes writes with a configuration that must then be replaced."""
+    await JetStreamContext.create_key_value(cast(JetStreamContext, _AdjustedStreams(js, adjust)), config)
 
 
 def connection_of(js: JetStreamContext) -> Client:

@@ -22,6 +22,7 @@ from typing import Any, Literal, cast
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
+from busscrape.bus import compat
 from busscrape.bus.resuming import Resumed, drop_twice_sourced
 from busscrape.bus.retry import patiently
 from busscrape.bus.topology import Definition
@@ -208,15 +209,14 @@ async def _execute(js: JetStreamContext, change: Change) -> None:
         await js.add_consumer(d.stream, config)
     elif change.action == "create":
         if d.kind == "kv":
-            await js.create_key_value(cast(api.KeyValueConfig, d.create))
             # What the bucket API cannot say (``topology.STREAM_ONLY``: compression) must be there
             # when the stream is made: the file store takes its compression then, and an update
             # only changes the configuration (measured: SEEN stayed uncompressed on disk). So the
-            # empty stream the bucket API made (with the bucket's conventions) is made again.
-            live = (await js.stream_info(d.stream)).config
-            if _diff(d.managed, live):
-                await js.delete_stream(d.stream)
-                await js.add_stream(_with_desired(live, d))
+            # bucket's stream is made once, with the bucket's conventions and this. (It used to be
+            # made, then deleted and made again: a daemon already waiting for the bucket could
+            # write in between, and its record went with the deleted stream.)
+            await compat.create_key_value_as(js, cast(api.KeyValueConfig, d.create),
+                                             lambda made: cast(api.StreamConfig, _with_desired(made, d)))
         elif d.kind == "object_store":
             await js.create_object_store(d.name, config=cast(api.ObjectStoreConfig, d.create))
             # Its duplicate window (``STREAM_ONLY``), which an update can set on the empty stream.
