@@ -264,3 +264,17 @@ async def test_without_the_token_every_page_and_action_is_refused(applied, fleet
             assert r.status == 403 and "loopback" in await r.text()
         async with http.post("/console/replay", data={"reason": "x"}) as r:
             assert r.status == 403 and "CSRF" in await r.text()
+
+
+async def test_a_console_page_the_bus_cannot_answer_loads_itself_again_once_it_can(bus, fleet_settings, browser):
+    """A read the bus does not answer (here: TASKS gone, as in the moment a stream is being
+    re-created) is a 503 page that says it tries again, and the overview comes back on its own
+    once the bus answers, without a click."""
+    await provision.apply(bus.js, topology.load(fleet_settings))
+    async with ApiServer(bus, fleet_settings) as api:
+        await bus.js.delete_stream("TASKS")
+        page = await logged_in(browser, api)
+        assert "tries again every 5 seconds" in await page.locator("#error-retry").inner_text()
+        await provision.apply(bus.js, topology.load(fleet_settings))
+        await expect(page.locator("#total-archived")).to_have_text("0", timeout=30_000)
+        await page.context.close()

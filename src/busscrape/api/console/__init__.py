@@ -43,6 +43,8 @@ PREFIX = "/console/"
 LOGIN = "/console/login"
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
 OPEN = frozenset({LOGIN, *(f"{PREFIX}static/{name}" for name in STATIC)})  # no session needed (with a token)
+RETRY_UNAVAILABLE = 5
+"""Seconds before a console page that got a 503 (the bus did not answer) loads itself again."""
 
 
 class Console:
@@ -108,7 +110,9 @@ class Console:
 
     @staticmethod
     def _error(request: web.Request, status: int, message: str) -> web.Response:
-        return page("error.html", status, status_code=status, message=message,
+        # Unavailable is for now: a page that was only read comes back by itself once the bus answers.
+        retry = RETRY_UNAVAILABLE if status == 503 and request.method == "GET" else None
+        return page("error.html", status, status_code=status, message=message, retry=retry,
                     **request.get(CONTEXT, {"csrf": "", "logout": False}))
 
     # -- login --------------------------------------------------------------------------------
