@@ -170,7 +170,11 @@ async def test_a_worker_killed_mid_crawl_loses_nothing_and_nothing_is_archived_t
             await watch.start()
             watch.see("seeds", await start_crawl(bus, settings, spec))
             await wait_until(lambda: _archived_at_least(tracker, 6), timeout=180)
-            kill9(procs["w1"])  # mid-crawl: it holds pages being rendered
+            # Mid-crawl, while w1 holds a page (on a loaded machine its browser can still be
+            # starting when the other worker has archived six): the kill must take pages down.
+            await wait_until(lambda: _running_on(bus, tracker, "w1"), timeout=120, every=0.2)
+            await asyncio.sleep(0.5)  # past the fleet gate, into the page
+            kill9(procs["w1"])
             procs["w3"] = spawn(["worker"], {**env, "BUSSCRAPE_WORKER__NAME": "w3"}, tmp_path / "w3.log")
 
             async def done() -> bool:
@@ -195,6 +199,17 @@ async def test_a_worker_killed_mid_crawl_loses_nothing_and_nothing_is_archived_t
     assert any(r.attempt > 1 for r in stored)  # the kill did take pages down with it: they were redone
 
 
+async def _running_on(bus: Bus, tracker: Tracker, worker: str) -> bool:
+    """Whether ``worker`` holds a task: its latest STATUS record is ``running`` there."""
+    board = StatusBoard(bus.js)
+    for task_id, state in list(tracker.state.items()):
+        if state == "running":
+            found = await board.latest(task_id)
+            if found is not None and found[0].state == "running" and found[0].worker == worker:
+                return True
+    return False
+
+
 async def _archived_at_least(tracker: Tracker, n: int) -> bool:
     return tracker.counts().get("archived", 0) >= n
 
@@ -204,6 +219,7 @@ GRAPH = ("--depth", str(crawl_site.GRAPH_DEPTH), "--strip-tracking", "--sitemaps
 
 
 @pytest.mark.long
+@pytest.mark.timeout(900)  # three crawls, ~580 renders: 264 s serially on a loaded machine, past 300 s in parallel
 async def test_a_500_page_graph_over_two_hosts_interrupted_and_resumed_archives_exactly_its_pages_once(tmp_path):
     from tests.e2e.test_run import EmbeddedNatsServer
     from tests.support.site import Site

@@ -5,7 +5,10 @@ one by one, in collection order, to whichever worker is free. The suite mostly w
 on Chromium, on servers), so the makespan is set by its longest tests: they must start first,
 each on a worker of its own, while the short ones fill the other workers around them. So:
 
-- ``long`` (minutes: the fault runs, the 500-page crawl): a group each, handed out first;
+- ``long`` (minutes: the fault runs, the 500-page crawl): a group per module, handed out first,
+  so the runs of one module (the fault runs: each its own nats-servers, workers, Chromium and S3
+  server) go one after another, never loading the machine for each other, while the other long
+  modules and the short tests fill the other workers;
 - ``timing`` (a test that measures pace, e.g. politeness delays): one group for all of them, so
   they never load the machine for one another, handed out next;
 - a test using a fixture its own module shares between tests (``scope="module"``: one server
@@ -25,7 +28,7 @@ SHARED_SCOPES = ("module", "package", "class")
 
 def group_of(item: pytest.Item) -> str | None:
     if item.get_closest_marker("long"):
-        return f"long:{item.nodeid}"
+        return f"long:{item.nodeid.split('::', 1)[0]}"
     if item.get_closest_marker("timing"):
         return "timing"
     if _uses_a_module_fixture(item):
