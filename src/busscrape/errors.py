@@ -188,6 +188,13 @@ class NatsUnavailable(ConfigurationError):
     reason = "nats_unavailable"
 
 
+class SeedsUnchecked(ConfigurationError):
+    """A crawl that obeys robots.txt could not read a seed's: nothing was queued, the crawl
+    cannot start yet (the same command again starts it once the site answers)."""
+
+    reason = "robots_unavailable"
+
+
 class StreamsMissing(ConfigurationError):
     reason = "streams_missing"
 

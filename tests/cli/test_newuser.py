@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from aiohttp import web
 
 from busscrape.bus import names
 from tests.support import crawl_site
@@ -27,6 +28,32 @@ async def test_crawl_detach_of_a_blocked_seed_says_so_exits_2_and_runs_once_allo
     assert started["seeds"]["queued"] == 1 and started["seeds"]["blocked"] == 0
     [msg] = await stream_messages(applied.js, names.SEEN_STREAM)
     assert json.loads(msg.data)["url"] == seed
+
+
+async def test_a_crawl_whose_seeds_robots_txt_cannot_be_read_says_so_and_starts_when_asked_again(
+        applied, nats_url, site, tmp_path):
+    """robots.txt answering 503 at seeding: a message naming it and what to do, exit 2, nothing
+    queued (it ended in a traceback); the same command once robots.txt answers starts the crawl."""
+    served = {"status": 503}
+
+    @site.route("/robots.txt")
+    async def robots(request: web.Request) -> web.Response:
+        return web.Response(status=served["status"], text="User-agent: *\nAllow: /\n")
+
+    site.page("/", "<title>home</title>")
+    env = clean_env(BUSSCRAPE_NATS__URL=nats_url, BUSSCRAPE_STATE_DIR=str(tmp_path / "state"),
+                    BUSSCRAPE_NETWORK__ALLOW=json.dumps([f"{site.hosts[0]}/32"]))
+    seed = site.url("/")
+    refused = busscrape("crawl", seed, "--depth", "0", "--detach", env=env)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert "Traceback" not in refused.stderr and "nothing queued" in said and "robots.txt" in said
+    assert "503" in said and "--robots ignore" in said
+    assert await stream_messages(applied.js, names.SEEN_STREAM) == []
+    served["status"] = 200
+    again = busscrape("crawl", seed, "--depth", "0", "--detach", "--json", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout)["seeds"]["queued"] == 1
 
 
 def test_run_whose_worker_exits_with_a_configuration_error_stops_at_once_with_its_message(site, tmp_path):

@@ -15,11 +15,12 @@ from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
 from busscrape.crawl.frontier import Frontier
 from busscrape.crawl.progress import CrawlSummary, CrawlWatch
+from busscrape.crawl.robots import RobotsUnavailable
 from busscrape.crawl.sitemaps import SitemapLimits, sitemap_urls
 from busscrape.crawl.spec import CrawlSpec
 from busscrape.crawl.state import SEEDS, CrawlState
 from busscrape.dispatch.urls import UrlNormaliser, UrlRules
-from busscrape.errors import InputError
+from busscrape.errors import InputError, SeedsUnchecked
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
 from busscrape.status.tracker import Tracker
@@ -83,15 +84,23 @@ async def start_crawl(bus: Bus, settings: Settings, spec: CrawlSpec) -> dict[str
     await provision.require(bus.js, topology.load(settings), CRAWL_NEEDS)
     policy = NetworkPolicy.from_settings(settings.network.allow)
     frontier = Frontier(bus.js, settings, policy)
-    if await frontier.state.page(spec.crawl_id, SEEDS) is not None:
-        return await frontier.seed(spec)  # resumed: seeded before
-    if not spec.sitemaps:
-        return await frontier.seed(spec)
-    d = settings.dispatch
-    found = await sitemap_urls(spec.seeds, policy, spec.sitemap_since,
-                               SitemapLimits(urls=d.sitemap_max_urls, files=d.sitemap_max_files,
-                                             bytes=d.sitemap_max_bytes))
-    return await frontier.seed(spec, found.urls, sitemaps=found.record())
+    try:
+        if await frontier.state.page(spec.crawl_id, SEEDS) is not None:
+            return await frontier.seed(spec)  # resumed: seeded before
+        if not spec.sitemaps:
+            return await frontier.seed(spec)
+        d = settings.dispatch
+        found = await sitemap_urls(spec.seeds, policy, spec.sitemap_since,
+                                   SitemapLimits(urls=d.sitemap_max_urls, files=d.sitemap_max_files,
+                                                 bytes=d.sitemap_max_bytes))
+        return await frontier.seed(spec, found.urls, sitemaps=found.record())
+    except RobotsUnavailable as exc:
+        # Seeding stores nothing until every seed is judged, so the same command again starts the
+        # crawl afresh; a page's links, by contrast, are retried by the page's redelivery.
+        raise SeedsUnchecked(
+            f"crawl {spec.crawl_id}: nothing queued: the robots.txt of a seed could not be read ({exc.message}); "
+            "robots.txt is obeyed, so its pages wait until it can be. Run the same command again once the site "
+            "answers, or pass --robots ignore") from None
 
 
 async def crawl_until_done(bus: Bus, settings: Settings, spec: CrawlSpec, tracker: Tracker, stop: asyncio.Event,
