@@ -44,6 +44,12 @@ EXIT_AUTH = 3  # credentials refused
 EXIT_INTERRUPTED = 130  # SIGINT / Ctrl-C
 
 
+def said(exc: BaseException) -> str:
+    """What an exception says, or its type when it says nothing (a timeout's text is empty; an
+    exception object itself is always true, so ``exc or …`` never reaches the type)."""
+    return str(exc) or type(exc).__name__
+
+
 class BusscrapeError(Exception):
     """Base of every error busscrape raises on purpose."""
 

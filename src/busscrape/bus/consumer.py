@@ -43,7 +43,7 @@ from busscrape import cancelling
 from busscrape.bus.compat import prefetched
 from busscrape.bus.connection import Bus
 from busscrape.bus.retry import TRANSIENT, backoff, patiently
-from busscrape.errors import StreamsMissing
+from busscrape.errors import StreamsMissing, said
 from busscrape.telemetry.metrics import Telemetry
 
 log = structlog.get_logger("busscrape.service")
@@ -348,7 +348,7 @@ class PullService(ABC):
                 continue
             except TRANSIENT as exc:
                 # NATS is restarting or unreachable: wait and fetch again; nothing is lost.
-                log.warning(f"{self.kind}.fetch_failed", error=str(exc) or type(exc).__name__)
+                log.warning(f"{self.kind}.fetch_failed", error=said(exc))
                 await asyncio.sleep(1.0)
                 continue
             finally:

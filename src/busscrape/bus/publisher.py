@@ -50,7 +50,7 @@ from nats.js.api import PubAck
 from busscrape.bus.compat import publish_encoded
 from busscrape.bus.payloads import MESSAGE_TOO_LARGE
 from busscrape.bus.retry import TRANSIENT, backoff
-from busscrape.errors import PayloadTooLarge, RetryableError
+from busscrape.errors import PayloadTooLarge, RetryableError, said
 
 log = structlog.get_logger("busscrape.publisher")
 
@@ -289,7 +289,7 @@ class Publisher:
             self._finish(pub, error=PublishFailed(str(exc), code=413, err_code=MESSAGE_TOO_LARGE))
         except TRANSIENT as exc:
             # Outbound buffer full while reconnecting, and the like: worth another try.
-            self._failed_attempt(pub, PublishFailed(f"could not send: {exc or type(exc).__name__}",
+            self._failed_attempt(pub, PublishFailed(f"could not send: {said(exc)}",
                                                     code=503, retryable=True))
 
     # -- outcomes -----------------------------------------------------------------------------

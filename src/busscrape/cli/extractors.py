@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from busscrape.cli.app import app, err, out, plain, run, safe, settings
-from busscrape.errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL
+from busscrape.errors import EXIT_CONFIG, EXIT_OK, EXIT_PARTIAL, said
 
 if TYPE_CHECKING:
     from busscrape.extract.registry import Registry
@@ -142,7 +142,7 @@ def _fetch_page(s: Settings, page: str, url: str | None, allow: list[str]) -> tu
                   "address with --allow or BUSSCRAPE_NETWORK__ALLOW)")
         raise typer.Exit(EXIT_CONFIG) from None
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        err.print(f"[red]error:[/] cannot fetch {safe(page)}: {safe(str(exc) or type(exc).__name__)}")
+        err.print(f"[red]error:[/] cannot fetch {safe(page)}: {safe(said(exc))}")
         raise typer.Exit(EXIT_CONFIG) from None
     if len(got.body) > bound:
         err.print(f"[red]error:[/] {safe(page)} is over max_page_bytes ({bound} bytes; "

@@ -24,7 +24,7 @@ import orjson
 from protego import Protego
 
 from busscrape.crawl.state import CrawlState
-from busscrape.errors import PolicyBlocked, RetryableError
+from busscrape.errors import PolicyBlocked, RetryableError, said
 from busscrape.lru import Lru
 from busscrape.net import checked
 from busscrape.net.policy import NetworkPolicy
@@ -125,7 +125,7 @@ class Robots:
         except PolicyBlocked:
             return {"status": 0, "body": ""}  # its pages are refused by the policy anyway
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise RobotsUnavailable(f"{url}: {str(exc) or type(exc).__name__}") from None  # a timeout says nothing
+            raise RobotsUnavailable(f"{url}: {said(exc)}") from None  # a timeout says nothing
         if 200 <= got.status < 300:
             return {"status": got.status, "body": got.body.decode("utf-8", "replace")}
         if 400 <= got.status < 500 or got.status == 310:  # 310: too many redirects; as Google, no robots.txt

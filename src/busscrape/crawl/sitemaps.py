@@ -34,7 +34,7 @@ from usp.web_client.abstract_client import (
 )
 
 from busscrape.crawl.robots import USER_AGENT
-from busscrape.errors import BusscrapeError
+from busscrape.errors import BusscrapeError, said
 from busscrape.net import checked
 from busscrape.net.policy import NetworkPolicy
 
@@ -118,7 +118,7 @@ class _CheckedClient(AbstractWebClient):
         except BusscrapeError as exc:
             return _Failed(f"refused by the network policy: {exc}", retryable=False)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return _Failed(f"{url}: {exc or type(exc).__name__}", retryable=isinstance(exc, TimeoutError))
+            return _Failed(f"{url}: {said(exc)}", retryable=isinstance(exc, TimeoutError))
         if 200 <= got.status < 300:
             if len(got.body) >= self._max:
                 seeds.truncated_count += 1

@@ -23,7 +23,7 @@ from busscrape.bus import names, payloads
 from busscrape.bus.retry import TRANSIENT
 from busscrape.bus.scan import kv_latest
 from busscrape.crawl.spec import CrawlSpec
-from busscrape.errors import StorageUnavailable
+from busscrape.errors import StorageUnavailable, said
 from busscrape.lru import Lru
 from busscrape.model.messages import decode, encode
 
@@ -218,7 +218,7 @@ class CrawlState:
             found = await kv_latest(self._js, names.CRAWLS_BUCKET, prefix + ">")
         except TRANSIENT as exc:
             raise StorageUnavailable(f"cannot read crawl {crawl_id}'s pages in {names.CRAWLS_BUCKET}: "
-                                     f"{exc or type(exc).__name__}") from None
+                                     f"{said(exc)}") from None
         return {key.removeprefix(prefix): orjson.loads(value) for key, value in found.items()}
 
     async def save_links(self, crawl_id: str, page: str, links: dict[str, Any]) -> None:

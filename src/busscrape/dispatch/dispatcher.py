@@ -63,6 +63,7 @@ from busscrape.errors import (
     InputError,
     StreamConflict,
     StreamsMissing,
+    said,
 )
 from busscrape.model.messages import ScrapeTask, encode, task_key
 from busscrape.settings import Settings
@@ -400,7 +401,7 @@ class Dispatcher:
             self._seen_before(pub.context)  # taken, then expired: not ours to claim
             return
         except TRANSIENT as exc:
-            log.warning("dispatch.unresolved", task_id=pub.context, error=str(exc) or type(exc).__name__)
+            log.warning("dispatch.unresolved", task_id=pub.context, error=said(exc))
             self.counts.unconfirmed += 1
             return
         if stored.data == pub.payload:

@@ -30,7 +30,7 @@ from urllib.parse import unquote_plus
 import idna
 from yarl import URL
 
-from busscrape.errors import InputError
+from busscrape.errors import InputError, said
 from busscrape.net.addresses import CREDENTIALS_INSTEAD, InvalidHost, has_credentials, parse_ip_host
 from busscrape.settings import DispatchSettings
 
@@ -143,7 +143,7 @@ class UrlNormaliser:
             authority = _AUTHORITY.match(text)
             if isinstance(exc, UnicodeError) or (authority and not authority.group(1).isascii()):
                 raise _rejected("invalid_idna", f"host is not valid IDNA: {exc}") from None
-            raise _rejected("invalid_url", str(exc) or type(exc).__name__) from None
+            raise _rejected("invalid_url", said(exc)) from None
         host = url.raw_host
         if not host:
             raise _rejected("missing_host", "no host after the scheme")

@@ -38,7 +38,14 @@ from busscrape.bus.consumer import PullService, quietly
 from busscrape.bus.names import ARCHIVIST_CONSUMER, DEADLETTER_STREAM, INGESTERS_CONSUMER, RESULTS_STREAM
 from busscrape.bus.retry import TRANSIENT, patiently, transient_or
 from busscrape.deadletters import filing
-from busscrape.errors import MessageDecodeError, PermanentError, RetryableError, StorageUnavailable, StreamsMissing
+from busscrape.errors import (
+    MessageDecodeError,
+    PermanentError,
+    RetryableError,
+    StorageUnavailable,
+    StreamsMissing,
+    said,
+)
 from busscrape.ingest.archiver import Archiver
 from busscrape.ingest.leases import FolderLeases
 from busscrape.ingest.letters import Archivist
@@ -153,7 +160,7 @@ class Ingester(PullService):
         except TRANSIENT as exc:
             # Redelivered later: its meta.json is there, so that delivery only records, releases and acks.
             self.counters["ack_failed"] += 1
-            log.warning("result.ack_failed", error=str(exc) or type(exc).__name__)
+            log.warning("result.ack_failed", error=said(exc))
             return
         self.counters["superseded" if done.superseded else "already_archived" if done.reused else "archived"] += 1
         if self.telemetry is not None and not done.reused:

@@ -39,7 +39,7 @@ from busscrape.bus.topology import Definition
 from busscrape.crawl.spec import CrawlSpec
 from busscrape.crawl.state import CrawlState
 from busscrape.deadletters.queue import DeadLetterQueue, LetterFilter
-from busscrape.errors import StreamsMissing
+from busscrape.errors import StreamsMissing, said
 from busscrape.model.messages import decode, utcnow
 from busscrape.worker.backpressure import HIGH_WATER, fill_of
 from busscrape.worker.fleet_gate import Cooling, cooling_hosts, slots_by_worker
@@ -282,8 +282,8 @@ class Overview:
                 doc = orjson.loads(await resp.read())
             return lag_from_jsz(doc, self.account, *LAG_CONSUMER)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, LookupError, ValueError) as exc:
-            log.warning("status.jsz_failed", url=url, account=self.account, error=str(exc) or type(exc).__name__)
-            return str(exc) or type(exc).__name__
+            log.warning("status.jsz_failed", url=url, account=self.account, error=said(exc))
+            return said(exc)
 
     def _lag(self, consumers: dict[str, dict[str, Any]], jsz: tuple[int, int] | str | None) -> dict[str, Any]:
         key = "/".join(LAG_CONSUMER)

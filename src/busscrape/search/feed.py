@@ -33,7 +33,7 @@ import structlog
 from busscrape.archive.layout import ArchivePlan
 from busscrape.archive.storage import Storage
 from busscrape.deadletters.filing import host_of
-from busscrape.errors import BusscrapeError, ConfigurationError
+from busscrape.errors import BusscrapeError, ConfigurationError, said
 from busscrape.extract import records
 from busscrape.model.messages import ScrapeResult
 from busscrape.search import open_index
@@ -136,7 +136,7 @@ class SearchFeed:
                 raise
             except Exception as exc:  # best effort: whatever the index does, the ingester goes on
                 self.counters["index_failed"] += len(batch)
-                log.warning("search.index_failed", pages=len(batch), error=str(exc) or type(exc).__name__)
+                log.warning("search.index_failed", pages=len(batch), error=said(exc))
             finally:
                 for _ in batch:
                     self._queue.task_done()

@@ -43,6 +43,7 @@ from busscrape.errors import (
     PermanentError,
     RetryableError,
     StorageUnavailable,
+    said,
 )
 from busscrape.extract import records
 from busscrape.extract.pool import ExtractionPool
@@ -404,7 +405,7 @@ class Worker(PullService):
         try:
             await self.frontier.keep(task, rendered.final_url, rendered.links)
         except TRANSIENT as exc:
-            raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}",
+            raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {said(exc)}",
                                      what=names.CRAWLS_BUCKET) from None
 
     async def _follow_or_later(self, msg: Msg, task: ScrapeTask, attempt: int,
@@ -439,7 +440,7 @@ class Worker(PullService):
             else:
                 await self.frontier.follow(task, rendered.final_url, rendered.links)
         except TRANSIENT as exc:
-            raise StorageUnavailable(f"following links: {exc or type(exc).__name__}",
+            raise StorageUnavailable(f"following links: {said(exc)}",
                                      what=names.CRAWLS_BUCKET) from None
 
     async def _render(self, task: ScrapeTask, slot: Slot | Unlimited, tally: Tally) -> Rendered:
@@ -460,7 +461,7 @@ class Worker(PullService):
             try:
                 follow = (await self.frontier.state.spec(task.crawl.crawl_id)).follow
             except TRANSIENT as exc:
-                raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {exc or type(exc).__name__}",
+                raise StorageUnavailable(f"{names.CRAWLS_BUCKET}: {said(exc)}",
                                      what=names.CRAWLS_BUCKET) from None
         try:
             # The slot's lease lost (expired while NATS was away, taken by another worker): the

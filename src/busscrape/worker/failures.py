@@ -37,6 +37,7 @@ from busscrape.errors import (
     RetryableError,
     ShuttingDown,
     StorageUnavailable,
+    said,
 )
 from busscrape.model.messages import AttemptRecord, DeadLetter, ScrapeTask, utcnow
 from busscrape.settings import Settings
@@ -66,7 +67,7 @@ _OUTAGE_WAIT = 5.0  # seconds between looks while an outage's record waits for A
 def outage_of(exc: BaseException) -> tuple[str, str]:
     """What was unavailable, and the error in words, for any outage a delivery met."""
     what = exc.what if isinstance(exc, StorageUnavailable) else "NATS"
-    return what, (str(exc) or type(exc).__name__) if isinstance(exc, BusscrapeError) else repr(exc)
+    return what, (said(exc)) if isinstance(exc, BusscrapeError) else repr(exc)
 
 
 class Failures:
