@@ -42,6 +42,8 @@ from pathlib import Path
 import nats.errors
 import orjson
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench/ beside the package
+
 from bench.dispatch import dispatched, fresh, write_urls
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
@@ -175,7 +177,9 @@ def snapshot(server: EmbeddedNatsServer, count: int, profile_port: int, with_hea
 
 async def measure_size(count: int, args: argparse.Namespace, workdir: Path) -> dict:
     profile_port = free_port()
-    with EmbeddedNatsServer(workdir / f"nats-{count}", extra_args=("--profile", str(profile_port))) as server:
+    # As shipped: the memory `busscrape run` gives its server (GOMEMLIMIT from nats.server_memory).
+    with EmbeddedNatsServer(workdir / f"nats-{count}", extra_args=("--profile", str(profile_port)),
+                            memory=Settings().nats.server_memory) as server:
         assert server.process is not None
         settings = Settings(nats={"url": server.url})
         bus = await Bus.connect(settings, name="bench-scale")
