@@ -361,6 +361,20 @@ def test_the_build_context_holds_what_the_wheel_needs() -> None:
         assert dockerignored(left_out), left_out
 
 
+@pytest.mark.parametrize("path", dockerfiles(), ids=lambda p: p.parent.name)
+def test_dockerfile_build_stage_copies_what_the_wheel_force_includes(path: Path) -> None:
+    # The wheel fails to build without them ("Forced include not found: /src/extractors").
+    hatch = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    steps = instructions(path)
+    froms = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"]
+    build = steps[froms[0]:froms[1]]  # the first stage builds the wheel
+    copied = {w.rstrip("/") for keyword, a in build if keyword == "COPY" for w in a.split()[:-1]}
+    missing = set(hatch["force-include"]) - copied
+    assert not missing, f"{path}: COPY {sorted(missing)} into the build stage"
+    for source in hatch["force-include"]:
+        assert not dockerignored(f"{source}/x"), source
+
+
 @pytest.mark.parametrize("name", sorted(DAEMONS))
 def test_daemon_images_check_health_on_the_telemetry_port(name: str) -> None:
     path = SERVICES / name / "Dockerfile"
