@@ -512,3 +512,28 @@ def test_nats_servers_get_a_memory_limit_and_gomemlimit_from_it() -> None:
     (container,) = statefulset["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["GOMEMLIMIT"] == gomemlimit(_bytes(container["resources"]["limits"]["memory"])) == "921MiB"
+
+
+# --- The image tests' requirements (tests/deploy builds and runs the images with podman) ----------
+
+@pytest.mark.parametrize(("env", "fails"), [({}, False), ({"CI": "0"}, False), ({"CI": "true"}, True),
+                                            ({"BUSSCRAPE_REQUIRE_CONTAINERS": "1"}, True)])
+def test_missing_podman_skips_outside_ci_and_fails_in_it(env: dict[str, str], fails: bool) -> None:
+    from tests.support.containers import unavailable
+
+    try:
+        unavailable("podman is not installed", env)
+    except BaseException as exc:  # pytest's outcomes are BaseExceptions: caught here, not acted on
+        outcome = exc
+    else:
+        raise AssertionError("neither skipped nor failed")
+    assert type(outcome) is (pytest.fail.Exception if fails else pytest.skip.Exception), outcome
+    assert "podman is not installed" in str(outcome)
+
+
+def test_make_test_requires_the_containers_and_bootstrap_installs_podman() -> None:
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    pytest_line = next(line for line in recipe.splitlines() if "-m pytest" in line)
+    assert "BUSSCRAPE_REQUIRE_CONTAINERS=1 " in pytest_line.split("-m pytest")[0]
+    bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
+    assert re.search(r"apt-get install[^\n]* podman runc mmdebstrap", bootstrap)

@@ -17,7 +17,8 @@ import pytest
 from tests.support.containers import IMAGES, Images, podman
 from tests.support.site import Site
 
-pytestmark = [pytest.mark.slow, pytest.mark.containers]
+# The first test also waits for the session's image builds (minutes on a fresh podman store).
+pytestmark = [pytest.mark.slow, pytest.mark.containers, pytest.mark.timeout(1800)]
 
 UID = 10001  # the images' user (USER 10001:10001)
 
