@@ -48,12 +48,12 @@ def metas(archive: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in archive.glob("dt=*/host=*/*/meta.json")]
 
 
-def data_folder(tmp_path: Path, name: str) -> Path:
-    """A folder for /data, owned by the image's user (as `chown 10001 out` in the docs)."""
+def data_folder(tmp_path: Path, name: str, uid: int = UID) -> Path:
+    """A folder for /data, owned by the container's user (as `chown 10001 out` in the docs)."""
     folder = tmp_path / name
     folder.mkdir()
     if os.geteuid() == 0:
-        os.chown(folder, UID, UID)
+        os.chown(folder, uid, uid)
     else:
         folder.chmod(0o777)
     return folder
@@ -104,12 +104,27 @@ def test_all_in_one_image_crawls_into_data(images: Images, site: Site, tmp_path:
 def test_all_in_one_image_runs_a_url_file_from_data(images: Images, site: Site, tmp_path: Path) -> None:
     urls = [site.page(f"/run/{n}", f"<title>run {n}</title>", ) for n in range(12)]
     urls = [u.replace(site.hosts[0], site.hosts[1]) for u in urls]  # the other origin
-    out = data_folder(tmp_path, "out")
+    # As the docs run it: as some user of the host (`--user "$(id -u):$(id -g)"`), with no home folder.
+    user = 4242 if os.geteuid() == 0 else os.geteuid()
+    out = data_folder(tmp_path, "out", uid=user)
     (out / "urls.txt").write_text("\n".join(urls) + "\n")
 
-    result = podman("run", "--rm", "--network", "host", "-v", f"{out}:/data", images.tag("busscrape"),
-                    "run", "/data/urls.txt", "--allow", site.origin(1), "--json", timeout=600)
+    result = podman("run", "--rm", "--network", "host", "--user", f"{user}:{user}", "-v", f"{out}:/data",
+                    images.tag("busscrape"), "run", "/data/urls.txt", "--allow", site.origin(1), "--json",
+                    timeout=600)
 
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert sorted(m["url"] for m in metas(out / "archive")) == sorted(urls), summary
     assert not list((out / "archive").glob("deadletter/**/*.json"))
+    assert (out / "archive").stat().st_uid == user
+
+
+def test_all_in_one_image_runs_the_demo_without_a_command(images: Images, tmp_path: Path) -> None:
+    out = data_folder(tmp_path, "out")
+
+    podman("run", "--rm", "-v", f"{out}:/data", images.tag("busscrape"), timeout=600)
+
+    rows = [json.loads(line) for line in (out / "demo-pages.jsonl").read_text().splitlines()]
+    archived = {m["url"] for m in metas(out / "archive")}
+    assert len(rows) >= 10
+    assert {r["url"] for r in rows if not r["dead_reason"]} == archived
