@@ -417,6 +417,21 @@ def test_worker_image_drives_debians_headless_shell_without_its_sandbox() -> Non
     assert any(k == "RUN" and "apt-get install" in a and " chromium-headless-shell " in a for k, a in steps)
 
 
+def test_deployments_point_the_browser_at_what_the_image_installs() -> None:
+    # A path the image lacks stops every worker at start ("no Chromium found at …").
+    image = image_env(SERVICES / "worker" / "Dockerfile")["BUSSCRAPE_BROWSER__EXECUTABLE_PATH"]
+    seen = 0
+    for where, _, container in busscrape_containers():
+        for var in container.get("env", []):
+            if var["name"] == "BUSSCRAPE_BROWSER__EXECUTABLE_PATH":
+                assert var["value"] == image, f"{where}: {var['value']}, but the image has {image}"
+                seen += 1
+    for name, service in compose()["services"].items():
+        value = (service.get("environment") or {}).get("BUSSCRAPE_BROWSER__EXECUTABLE_PATH")
+        assert value in (None, image), f"compose {name}: {value}"
+    assert seen <= 1
+
+
 def test_container_commands_parse() -> None:
     for where, _, container in busscrape_containers():
         parse_command(container["args"], where)
