@@ -20,6 +20,8 @@ class Page(BaseHTTPRequestHandler):
         if self.path in ("/robots.txt", "/favicon.ico"):
             self.send_error(404)
             return
+        # On arrival, before the delay: the test reads which worker (address) has which page in flight.
+        print(f"start {self.client_address[0]} {self.path}", flush=True)
         time.sleep(DELAY)
         title = html.escape(self.path)
         body = f"<!doctype html><html><head><title>{title}</title></head><body><p>{title}</p></body></html>"

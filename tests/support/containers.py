@@ -205,13 +205,18 @@ class Stack:
         return state.stdout.strip() in ("exited", "stopped")
 
     def wait(self, condition: Callable[[], bool], what: str, timeout: float = 180, every: float = 1.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                logs = {c: podman("logs", "--tail", "20", c, check=False).stderr[-1500:]
-                        for c in (self.container("worker"), self.container("ingester"))}
-                raise AssertionError(f"not {what} within {timeout:.0f}s; logs: {logs}")
-            time.sleep(every)
+        wait_until(condition, what, timeout, every, logs_of=(self.container("worker"), self.container("ingester")))
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 180, every: float = 1.0,
+               logs_of: tuple[str, ...] = ()) -> None:
+    """Poll ``condition``; fail after ``timeout`` seconds with the tails of these containers' logs."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            logs = {c: podman("logs", "--tail", "20", c, check=False).stderr[-1500:] for c in logs_of}
+            raise AssertionError(f"not {what} within {timeout:.0f}s; logs: {logs}")
+        time.sleep(every)
 
 
 def podman_compose() -> str:
