@@ -167,6 +167,7 @@ class Stack:
         left = podman("ps", "-a", "-q", "--filter", label).stdout.split()
         if left:
             podman("rm", "-f", "-t", "45", *left, timeout=300)
+        podman("pod", "rm", "-f", f"pod_{self.PROJECT}", check=False)  # the pod podman-compose made
 
     def dispatch(self, urls: list[str], name: str) -> subprocess.CompletedProcess[str]:
         """``compose run --rm dispatcher`` of a URL file (URLS_FILE)."""
