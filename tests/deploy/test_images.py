@@ -128,3 +128,18 @@ def test_all_in_one_image_runs_the_demo_without_a_command(images: Images, tmp_pa
     archived = {m["url"] for m in metas(out / "archive")}
     assert len(rows) >= 10
     assert {r["url"] for r in rows if not r["dead_reason"]} == archived
+
+
+def test_all_in_one_image_says_how_to_fix_a_data_folder_it_cannot_write(images: Images, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()  # owned by whoever runs the test, not by the image's user (as Docker makes a missing one)
+    out.chmod(0o755)
+    if os.geteuid() != 0:
+        pytest.skip("needs a folder the container's uid 10001 cannot write: run as root")
+
+    result = podman("run", "--rm", "-v", f"{out}:/data", images.tag("busscrape"), "crawl", "http://127.0.0.2:9/",
+                    timeout=300, check=False)
+
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "not writable by uid 10001" in result.stderr and "--user" in result.stderr
+    assert "Traceback" not in result.stderr
