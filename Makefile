@@ -17,7 +17,7 @@ test:
 	@.venv/bin/ruff check src tests bench scripts
 	@$(MAKE) --no-print-directory docs
 	@.venv/bin/mypy  # strict, on src/ ([tool.mypy] in pyproject.toml)
-	@BUSSCRAPE_REQUIRE_EMULATORS=1 BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra $(PARALLEL)  # CI must not skip the PostgreSQL or storage-emulator tests
+	@BUSSCRAPE_REQUIRE_CONTAINERS=1 BUSSCRAPE_REQUIRE_EMULATORS=1 BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest -q -ra $(PARALLEL)  # CI must not skip the PostgreSQL, storage-emulator or container tests
 	@scripts/compat-newest.sh  # bus/compat.py's tests against the newest nats-py release, in a throwaway venv
 
 # The edit-test loop: everything but the slow and the browser tests.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: a venv with busscrape, nats-server, and a Chromium.
 #   scripts/bootstrap.sh            runtime + embedded nats-server (for `busscrape demo`)
-#   scripts/bootstrap.sh test       the same plus the test tools (pytest, moto, ruff …), PostgreSQL and Azurite
+#   scripts/bootstrap.sh test       the same plus the test tools (pytest, moto, ruff …), PostgreSQL, Azurite
+#                                   and podman (with runc and mmdebstrap) for the image tests
 # Fast when everything is already there: it only re-installs when pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,4 +89,22 @@ if [[ "$extra" == "test" ]] && ! have_azurite; then
   say "installing Azurite $AZURITE_VERSION (npm) into .tools/ for the Azure storage tests"
   npm install --silent --no-audit --no-fund --prefix .tools "azurite@$AZURITE_VERSION" >/dev/null
   have_azurite || { echo "Azurite could not be installed (npm install --prefix .tools azurite)" >&2; exit 2; }
+fi
+
+# The image tests (tests/deploy) build the images and run them, the compose stack included, with
+# Debian's podman: runc (crun refuses some kernels' cgroup set-ups; tests/deploy/containers.conf
+# selects runc), mmdebstrap to make the base image without a registry (scripts/base-image.sh),
+# uidmap/slirp4netns/fuse-overlayfs for rootless podman. (podman-compose: the test extra's, newer
+# than Debian 12's.)
+have_containers() {
+  command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 &&
+    command -v mmdebstrap >/dev/null 2>&1
+}
+if [[ "$extra" == "test" ]] && ! have_containers; then
+  say "installing podman, runc and mmdebstrap (apt) for the image tests"
+  sudo=""; [[ "$(id -u)" != 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq podman runc mmdebstrap \
+    uidmap slirp4netns fuse-overlayfs >/dev/null
+  have_containers || { echo "podman could not be installed (apt-get install podman runc mmdebstrap)" >&2; exit 2; }
 fi

@@ -361,6 +361,20 @@ def test_the_build_context_holds_what_the_wheel_needs() -> None:
         assert dockerignored(left_out), left_out
 
 
+@pytest.mark.parametrize("path", dockerfiles(), ids=lambda p: p.parent.name)
+def test_dockerfile_build_stage_copies_what_the_wheel_force_includes(path: Path) -> None:
+    # The wheel fails to build without them ("Forced include not found: /src/extractors").
+    hatch = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    steps = instructions(path)
+    froms = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"]
+    build = steps[froms[0]:froms[1]]  # the first stage builds the wheel
+    copied = {w.rstrip("/") for keyword, a in build if keyword == "COPY" for w in a.split()[:-1]}
+    missing = set(hatch["force-include"]) - copied
+    assert not missing, f"{path}: COPY {sorted(missing)} into the build stage"
+    for source in hatch["force-include"]:
+        assert not dockerignored(f"{source}/x"), source
+
+
 @pytest.mark.parametrize("name", sorted(DAEMONS))
 def test_daemon_images_check_health_on_the_telemetry_port(name: str) -> None:
     path = SERVICES / name / "Dockerfile"
@@ -401,6 +415,21 @@ def test_worker_image_drives_debians_headless_shell_without_its_sandbox() -> Non
     assert s.browser.no_sandbox is True and s.browser.headless
     steps = final_stage(SERVICES / "worker" / "Dockerfile")
     assert any(k == "RUN" and "apt-get install" in a and " chromium-headless-shell " in a for k, a in steps)
+
+
+def test_deployments_point_the_browser_at_what_the_image_installs() -> None:
+    # A path the image lacks stops every worker at start ("no Chromium found at …").
+    image = image_env(SERVICES / "worker" / "Dockerfile")["BUSSCRAPE_BROWSER__EXECUTABLE_PATH"]
+    seen = 0
+    for where, _, container in busscrape_containers():
+        for var in container.get("env", []):
+            if var["name"] == "BUSSCRAPE_BROWSER__EXECUTABLE_PATH":
+                assert var["value"] == image, f"{where}: {var['value']}, but the image has {image}"
+                seen += 1
+    for name, service in compose()["services"].items():
+        value = (service.get("environment") or {}).get("BUSSCRAPE_BROWSER__EXECUTABLE_PATH")
+        assert value in (None, image), f"compose {name}: {value}"
+    assert seen <= 1
 
 
 def test_container_commands_parse() -> None:
@@ -498,3 +527,28 @@ def test_nats_servers_get_a_memory_limit_and_gomemlimit_from_it() -> None:
     (container,) = statefulset["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["GOMEMLIMIT"] == gomemlimit(_bytes(container["resources"]["limits"]["memory"])) == "921MiB"
+
+
+# --- The image tests' requirements (tests/deploy builds and runs the images with podman) ----------
+
+@pytest.mark.parametrize(("env", "fails"), [({}, False), ({"CI": "0"}, False), ({"CI": "true"}, True),
+                                            ({"BUSSCRAPE_REQUIRE_CONTAINERS": "1"}, True)])
+def test_missing_podman_skips_outside_ci_and_fails_in_it(env: dict[str, str], fails: bool) -> None:
+    from tests.support.containers import unavailable
+
+    try:
+        unavailable("podman is not installed", env)
+    except BaseException as exc:  # pytest's outcomes are BaseExceptions: caught here, not acted on
+        outcome = exc
+    else:
+        raise AssertionError("neither skipped nor failed")
+    assert type(outcome) is (pytest.fail.Exception if fails else pytest.skip.Exception), outcome
+    assert "podman is not installed" in str(outcome)
+
+
+def test_make_test_requires_the_containers_and_bootstrap_installs_podman() -> None:
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    pytest_line = next(line for line in recipe.splitlines() if "-m pytest" in line)
+    assert "BUSSCRAPE_REQUIRE_CONTAINERS=1 " in pytest_line.split("-m pytest")[0]
+    bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
+    assert re.search(r"apt-get install[^\n]* podman runc mmdebstrap", bootstrap)

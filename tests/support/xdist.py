@@ -11,6 +11,7 @@ each on a worker of its own, while the short ones fill the other workers around 
   modules and the short tests fill the other workers;
 - ``timing`` (a test that measures pace, e.g. politeness delays): one group for all of them, so
   they never load the machine for one another, handed out next;
+- ``containers`` (tests/deploy: podman images): one group, so the images are built once;
 - a test using a fixture its own module shares between tests (``scope="module"``: one server
   for a whole module, state earlier tests left): one group per module, so that fixture is made
   once, not once per worker;
@@ -31,6 +32,8 @@ def group_of(item: pytest.Item) -> str | None:
         return f"long:{item.nodeid.split('::', 1)[0]}"
     if item.get_closest_marker("timing"):
         return "timing"
+    if item.get_closest_marker("containers"):
+        return "containers"  # one session's images, built once, one build at a time
     if _uses_a_module_fixture(item):
         return f"module:{item.nodeid.split('::', 1)[0]}"
     return None

@@ -30,6 +30,7 @@ import structlog
 from busscrape.errors import EXIT_AUTH, EXIT_CONFIG, ConfigurationError
 from busscrape.ops.lifeline import PidFiles
 from busscrape.ops.nats_server import EmbeddedNatsServer, free_port
+from busscrape.ops.state_dir import require_writable
 from busscrape.ops.supervisor import Daemons
 from busscrape.settings import Settings
 
@@ -198,6 +199,7 @@ class Runner:
             settings = self.settings
             embedded = not settings.nats.url
             if embedded or self.options.with_daemons:
+                require_writable(settings)
                 # What a run that was killed left on this state dir (its run gone) goes first.
                 for name in await asyncio.to_thread(self.pids.stop_leftovers):
                     log.warning("run.leftover_stopped", name=name)

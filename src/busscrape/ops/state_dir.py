@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
+from busscrape.errors import ConfigurationError
 from busscrape.ops.lifeline import running
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
@@ -26,6 +28,23 @@ log = structlog.get_logger("busscrape.state")
 def store_of(settings: Settings) -> Path:
     """Where ``busscrape run`` keeps its embedded server's store."""
     return settings.state_dir / "nats"
+
+
+def require_writable(settings: Settings) -> None:
+    """The state dir exists and this process can write in it, or a ``ConfigurationError`` saying
+    how to fix it: in a container, a host folder mounted at /data that the container's user does
+    not own is the usual cause."""
+    folder = settings.state_dir
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    if folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
+        return
+    uid, gid = os.getuid(), os.getgid()
+    raise ConfigurationError(
+        f"the state dir {folder} is not writable by uid {uid}: make it writable for that user, or set "
+        f"BUSSCRAPE_STATE_DIR. In a container, mount a folder that user owns (`chown {uid}:{gid} out`), or "
+        "run as its owner (`docker run --user \"$(id -u):$(id -g)\" -v \"$PWD/out:/data\" …`; rootless "
+        "podman: `--userns=keep-id`)")
 
 
 def _live_url(store: Path) -> str | None:
