@@ -55,6 +55,7 @@ for _name in list(os.environ):
         del os.environ[_name]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     arrange(items)
 

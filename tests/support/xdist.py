@@ -11,7 +11,9 @@ each on a worker of its own, while the short ones fill the other workers around 
   modules and the short tests fill the other workers;
 - ``timing`` (a test that measures pace, e.g. politeness delays): one group for all of them, so
   they never load the machine for one another, handed out next;
-- ``containers`` (tests/deploy: podman images): one group, so the images are built once;
+- ``containers`` (tests/deploy: podman images): one group, so the images are built once and one
+  compose stack is up at a time; the longest group of all (builds, then stacks), handed out first
+  with the ``long`` ones;
 - a test using a fixture its own module shares between tests (``scope="module"``: one server
   for a whole module, state earlier tests left): one group per module, so that fixture is made
   once, not once per worker;
@@ -40,7 +42,7 @@ def group_of(item: pytest.Item) -> str | None:
 
 
 def rank(item: pytest.Item) -> int:
-    if item.get_closest_marker("long"):
+    if item.get_closest_marker("long") or item.get_closest_marker("containers"):
         return 0
     if item.get_closest_marker("timing"):
         return 1

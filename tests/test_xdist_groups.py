@@ -1,0 +1,64 @@
+"""The parallel run's groups hold (tests/support/xdist.py): the tests of one group run on one
+xdist worker. pytest 9.2 with pytest-xdist 3.8 ignored every group without a word (the container
+tests built their images and brought the same compose stack up on two workers at once), so this
+runs a small suite through the suite's own collection hook, in parallel, and looks where each
+test ran."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONFTEST = "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+
+TESTS = '''
+import json, os, time
+from pathlib import Path
+import pytest
+
+def ran(name):
+    time.sleep(0.3)  # long enough that a free worker would take the next test if it could
+    with open(os.environ["WHERE"], "a") as out:
+        out.write(json.dumps([name, os.environ["PYTEST_XDIST_WORKER"]]) + "\\n")
+
+@pytest.mark.containers
+@pytest.mark.parametrize("i", range(4))
+def test_in_containers(i):
+    ran(f"containers{i}")
+
+@pytest.mark.long
+@pytest.mark.parametrize("i", range(3))
+def test_long(i):
+    ran(f"long{i}")
+
+@pytest.mark.parametrize("i", range(4))
+def test_free(i):
+    ran(f"free{i}")
+'''
+
+
+def test_the_tests_of_one_group_run_on_one_worker(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_groups.py").write_text(TESTS)
+    where = tmp_path / "where.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WHERE": str(where)}
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
+         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    workers: dict[str, set[str]] = {}
+    for line in where.read_text().splitlines():
+        name, worker = json.loads(line)
+        workers.setdefault(name.rstrip("0123456789"), set()).add(worker)
+    assert len(workers["containers"]) == 1, workers
+    assert len(workers["long"]) == 1, workers
+    assert workers["free"], workers
