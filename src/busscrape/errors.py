@@ -97,8 +97,9 @@ class RetryableStatus(RetryableError):
 
 class StorageUnavailable(RetryableError):
     """Something the task needs from outside the page did not answer: NATS, a bucket, the object
-    store, S3 (no responders, a timeout, a leader election, a disconnect). An outage, not the
-    page's failure: in the worker it spends no attempt (``worker.outages``)."""
+    store, S3 (no responders, a timeout, a leader election, a disconnect), or the worker's own
+    network changed under a navigation. An outage, not the page's failure: in the worker it
+    spends no attempt (``worker.outages``)."""
 
     reason = "storage_unavailable"
 
@@ -106,7 +107,8 @@ class StorageUnavailable(RetryableError):
                  what: str = "NATS") -> None:
         super().__init__(message, reason=reason, retry_after=retry_after)
         self.what = what
-        """What was unavailable: a stream or bucket name, ``S3`` or ``NATS``."""
+        """What was unavailable: a stream or bucket name, ``S3``, ``NATS``, or ``network`` (the
+        worker's own network changed under a navigation)."""
 
 
 class ExtractionStalled(RetryableError):

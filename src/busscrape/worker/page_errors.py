@@ -13,7 +13,14 @@ from email.utils import parsedate_to_datetime
 
 from playwright.async_api import Error as PlaywrightError
 
-from busscrape.errors import BrowserCrashed, BusscrapeError, PageNetworkError, PermanentError, PolicyBlocked
+from busscrape.errors import (
+    BrowserCrashed,
+    BusscrapeError,
+    PageNetworkError,
+    PermanentError,
+    PolicyBlocked,
+    StorageUnavailable,
+)
 
 # Error text -> (error class, reason). First match wins.
 NAVIGATION_ERRORS: list[tuple[str, type[BusscrapeError], str]] = [
@@ -34,6 +41,11 @@ NAVIGATION_ERRORS: list[tuple[str, type[BusscrapeError], str]] = [
 REFUSED_BY_PROXY = ("ERR_SOCKS_CONNECTION_FAILED", "ERR_PROXY")
 """What Chromium says when the egress proxy refused a connection (the proxy knows why)."""
 
+NETWORK_CHANGED = "ERR_NETWORK_CHANGED"
+"""Chromium drops every request in flight when the machine's network changes (an address or an
+interface comes or goes: a VPN, DHCP, a container started on the same host). The worker's
+network, not the page: an outage, which spends no attempt."""
+
 
 def first_line(exc: PlaywrightError, limit: int = 500) -> str:
     """The first line of a Playwright error (the rest is a call log), cut to ``limit``."""
@@ -44,6 +56,9 @@ def navigation_error(url: str, exc: PlaywrightError, refusal: str | None) -> Bus
     """The error a failed navigation to ``url`` stands for. ``refusal``: the egress proxy's reason,
     when it refused one of this navigation's connections."""
     message = first_line(exc)
+    if NETWORK_CHANGED in message:
+        return StorageUnavailable(f"navigation to {url} cut off: this machine's network changed ({message})",
+                                  what="network")
     if any(code in message for code in REFUSED_BY_PROXY):
         if refusal:
             return PolicyBlocked(f"navigation to {url} refused: {refusal}", reason="blocked_address")

@@ -1,0 +1,32 @@
+"""What a failed navigation stands for: Chromium's error texts, as a Playwright error carries them."""
+
+import pytest
+from playwright.async_api import Error as PlaywrightError
+
+from busscrape.errors import PageNetworkError, PermanentError, StorageUnavailable
+from busscrape.worker.page_errors import navigation_error
+
+URL = "http://127.0.0.2:8080/p"
+
+
+def failed(code: str) -> PlaywrightError:
+    return PlaywrightError(f"Page.goto: net::{code} at {URL}\nCall log:\n  - navigating to \"{URL}\"")
+
+
+def test_a_network_change_on_the_workers_machine_is_an_outage_not_the_pages_attempt():
+    # Seen in a parallel run of the suite: a container started on the same host, Chromium dropped
+    # a loopback navigation in flight, and the delivery spent an attempt as a page network error.
+    error = navigation_error(URL, failed("ERR_NETWORK_CHANGED"), None)
+    assert isinstance(error, StorageUnavailable) and error.what == "network"
+    assert str(error) == (f"navigation to {URL} cut off: this machine's network changed "
+                          f"(Page.goto: net::ERR_NETWORK_CHANGED at {URL})")
+
+
+@pytest.mark.parametrize(("code", "kind", "reason"), [
+    ("ERR_CONNECTION_REFUSED", PageNetworkError, "network_error"),
+    ("ERR_NAME_NOT_RESOLVED", PageNetworkError, "dns_error"),
+    ("ERR_TOO_MANY_REDIRECTS", PermanentError, "redirect_loop"),
+])
+def test_the_pages_own_network_failures_stay_the_pages(code, kind, reason):
+    error = navigation_error(URL, failed(code), None)
+    assert type(error) is kind and error.reason == reason and not isinstance(error, StorageUnavailable)
