@@ -4,7 +4,7 @@ import pytest
 from playwright.async_api import Error as PlaywrightError
 
 from busscrape.errors import PageNetworkError, PermanentError, StorageUnavailable
-from busscrape.worker.page_errors import navigation_error
+from busscrape.worker.page_errors import cut_off_by_network_change, navigation_error
 
 URL = "http://127.0.0.2:8080/p"
 
@@ -30,3 +30,13 @@ def test_a_network_change_on_the_workers_machine_is_an_outage_not_the_pages_atte
 def test_the_pages_own_network_failures_stay_the_pages(code, kind, reason):
     error = navigation_error(URL, failed(code), None)
     assert type(error) is kind and error.reason == reason and not isinstance(error, StorageUnavailable)
+
+
+def test_a_page_request_cut_off_by_a_network_change_makes_the_render_an_outage():
+    # A stylesheet dropped by the network change would be missing from the capture through no
+    # fault of the page's: the render is an outage (no attempt, rendered again), not archived.
+    failed = [(f"{URL}/gone.png", "net::ERR_CONNECTION_REFUSED"), (f"{URL}/a.css", "net::ERR_NETWORK_CHANGED")]
+    cut = cut_off_by_network_change(URL, failed)
+    assert isinstance(cut, StorageUnavailable) and cut.what == "network" and f"{URL}/a.css" in str(cut)
+    # The page's own failed requests are part of the page: captured as they are.
+    assert cut_off_by_network_change(URL, failed[:1]) is None

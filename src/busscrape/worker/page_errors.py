@@ -9,6 +9,7 @@ one. The texts are Chromium's ``net::ERR_*`` codes and Playwright's own messages
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from email.utils import parsedate_to_datetime
 
 from playwright.async_api import Error as PlaywrightError
@@ -67,6 +68,17 @@ def navigation_error(url: str, exc: PlaywrightError, refusal: str | None) -> Bus
         if needle in message:
             return kind(f"navigation to {url} failed: {message}", reason=reason)
     return PageNetworkError(f"navigation to {url} failed: {message}")
+
+
+def cut_off_by_network_change(url: str, failed: Iterable[tuple[str, str]]) -> StorageUnavailable | None:
+    """The outage a render met when Chromium dropped one of the page's requests because this
+    machine's network changed (``failed``: each failed request's URL and failure text): its
+    capture would lack that resource through no fault of the page's, so it is not archived."""
+    for request_url, failure in failed:
+        if NETWORK_CHANGED in failure:
+            return StorageUnavailable(f"{url}: its request for {request_url} was cut off: this machine's "
+                                      f"network changed ({failure})", what="network")
+    return None
 
 
 def page_error(url: str, exc: PlaywrightError) -> BusscrapeError:

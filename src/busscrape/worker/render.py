@@ -43,7 +43,13 @@ from busscrape.worker.browser.tabs import Tab
 from busscrape.worker.capture import Capture, Capturer, Rendered, Visit
 from busscrape.worker.har import HarRecorder
 from busscrape.worker.leases import Deferred, Lease, Wait
-from busscrape.worker.page_errors import first_line, navigation_error, page_error, retry_after_seconds
+from busscrape.worker.page_errors import (
+    cut_off_by_network_change,
+    first_line,
+    navigation_error,
+    page_error,
+    retry_after_seconds,
+)
 from busscrape.worker.sessions import SessionRule, Sessions, Stored
 from busscrape.worker.status_policy import StatusPolicy
 from busscrape.worker.step_runner import run_steps
@@ -331,6 +337,8 @@ class Renderer:
         navigated = time.perf_counter()
         status, headers, chain = self._answer(tab.page, response)
         shots = await self._steps(tab, task, timeout)
+        if (cut := cut_off_by_network_change(task.url, watch.failed)) is not None:
+            raise cut
         stepped = time.perf_counter()
         visit = Visit(tab, task, status, headers, chain, watch.failed, shots, watch.har,
                       {"navigation": _ms(navigated - started), "steps": _ms(stepped - navigated)}, warc=watch.warc,
