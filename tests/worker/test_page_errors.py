@@ -14,8 +14,9 @@ def failed(code: str) -> PlaywrightError:
 
 
 def test_a_network_change_on_the_workers_machine_is_an_outage_not_the_pages_attempt():
-    # Seen in a parallel run of the suite: a container started on the same host, Chromium dropped
-    # a loopback navigation in flight, and the delivery spent an attempt as a page network error.
+    # Seen in a parallel run of the suite (most likely a container test starting on the same host):
+    # Chromium dropped a loopback navigation in flight, and the delivery spent an attempt as a
+    # page network error.
     error = navigation_error(URL, failed("ERR_NETWORK_CHANGED"), None)
     assert isinstance(error, StorageUnavailable) and error.what == "network"
     assert str(error) == (f"navigation to {URL} cut off: this machine's network changed "

@@ -48,6 +48,10 @@ interface comes or goes: a VPN, DHCP, a container started on the same host). The
 network, not the page: an outage, which spends no attempt."""
 
 
+def _network_changed(what_was_cut: str, said: str) -> StorageUnavailable:
+    return StorageUnavailable(f"{what_was_cut} cut off: this machine's network changed ({said})", what="network")
+
+
 def first_line(exc: PlaywrightError, limit: int = 500) -> str:
     """The first line of a Playwright error (the rest is a call log), cut to ``limit``."""
     return (exc.message or str(exc)).splitlines()[0][:limit]
@@ -58,8 +62,7 @@ def navigation_error(url: str, exc: PlaywrightError, refusal: str | None) -> Bus
     when it refused one of this navigation's connections."""
     message = first_line(exc)
     if NETWORK_CHANGED in message:
-        return StorageUnavailable(f"navigation to {url} cut off: this machine's network changed ({message})",
-                                  what="network")
+        return _network_changed(f"navigation to {url}", message)
     if any(code in message for code in REFUSED_BY_PROXY):
         if refusal:
             return PolicyBlocked(f"navigation to {url} refused: {refusal}", reason="blocked_address")
@@ -76,8 +79,7 @@ def cut_off_by_network_change(url: str, failed: Iterable[tuple[str, str]]) -> St
     capture would lack that resource through no fault of the page's, so it is not archived."""
     for request_url, failure in failed:
         if NETWORK_CHANGED in failure:
-            return StorageUnavailable(f"{url}: its request for {request_url} was cut off: this machine's "
-                                      f"network changed ({failure})", what="network")
+            return _network_changed(f"{url}: its request for {request_url} was", failure)
     return None
 
 
