@@ -303,17 +303,25 @@ class Frontier:
         the slots of creates that lost; the ids this page queued (an earlier go's too)."""
         parent = place.parent
         queued: list[str] = []
-        fresh: list[str] = []
-        for task_id, held in zip(list(candidates), await asyncio.gather(*(self._held_by(t) for t in candidates)),
-                                 strict=True):
-            if held is None:
-                fresh.append(task_id)
-            elif held == (parent or ""):
-                queued.append(task_id)  # created by an earlier attempt of this very page (or seeding)
-            else:
-                counts["duplicate"] += 1
+        fresh = list(candidates)
+
+        async def census() -> tuple[int, int]:
+            """Sort the links still fresh by SEEN now: this page's (an earlier or a concurrent go
+            made them, or seeding), another page's, or still fresh; (fresh, this page's)."""
+            held = await asyncio.gather(*(self._held_by(t) for t in fresh))
+            still = []
+            for task_id, by in zip(list(fresh), held, strict=True):
+                if by is None:
+                    still.append(task_id)
+                elif by == (parent or ""):
+                    queued.append(task_id)
+                else:
+                    counts["duplicate"] += 1
+            fresh[:] = still
+            return len(fresh), len(queued)
+
         holder = parent or SEEDS
-        granted, holds = await self.state.reserve(spec.crawl_id, holder, len(fresh), spec.max_pages, mine=len(queued))
+        granted, holds = await self.state.reserve(spec.crawl_id, holder, spec.max_pages, census)
         for task_id in fresh[granted:]:
             skip(candidates[task_id][0], "budget_cut")
         made = await asyncio.gather(*(self._create(spec, task_id, *candidates[task_id], place)

@@ -12,6 +12,7 @@ loses no slot (``reserve``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats.js.errors
@@ -96,21 +97,29 @@ class CrawlState:
 
     # -- the budget -------------------------------------------------------------------------
 
-    async def reserve(self, crawl_id: str, holder: str, wanted: int, limit: int | None,
-                      mine: int = 0) -> tuple[int, bool]:
-        """Take up to ``wanted`` page slots of the crawl's budget for ``holder`` (the page whose
-        links they are): how many it may still create, and whether it holds slots (then
-        ``settle`` must follow).
+    async def reserve(self, crawl_id: str, holder: str, limit: int | None,
+                      census: Callable[[], Awaitable[tuple[int, int]]]) -> tuple[int, bool]:
+        """Take page slots of the crawl's budget for ``holder`` (the page whose links they are):
+        how many it may still create, and whether it holds slots (then ``settle`` must follow).
+        ``census()`` reads SEEN now: ``(wanted, mine)``, the holder's links not in SEEN and its
+        tasks that are.
 
         The grant is recorded in the budget key itself, in the same compare-and-set as the count
         (a *hold*: ``[granted, mine]``, ``mine`` = the holder's tasks that existed already), until
         ``settle``. A holder that died in between (its worker killed after reserving, before or
         while creating) finds its hold on its redelivery and re-uses it instead of taking new
         slots: the slots it had are never lost, nor counted twice. ``mine`` now (the holder's
-        tasks in SEEN) tells how many of the hold are spent already."""
+        tasks in SEEN) tells how many of the hold are spent already.
+
+        SEEN is read after the budget and before the write that makes a new hold, never before
+        the budget: another go of the page may have reserved, created its links and settled in
+        between, and a census taken before that would count them as this hold's to make (the
+        crawl would stop short of its budget). A hold made or settled after the census changes
+        the budget key, so the write fails and both are read again."""
         kv, key = await self.kv(), f"{crawl_id}.budget"
         while True:
             used, holds, revision = await self._budget(kv, key)
+            wanted, mine = await census()
             if holder in holds:
                 granted, before = holds[holder]
                 return max(0, granted - max(0, mine - before)), True
