@@ -560,6 +560,84 @@ async def test_a_go_that_reserves_after_another_go_of_its_page_settled_takes_no_
     assert len(record["queued"]) == 30 and record["counts"]["duplicate"] == 0, record["counts"]
 
 
+def hold_first_budget_write(frontier: Frontier) -> tuple[asyncio.Event, asyncio.Event]:
+    """Stop ``frontier``'s first budget write until released: (reached, release)."""
+    reached, release = asyncio.Event(), asyncio.Event()
+    write = frontier.state._write_budget
+
+    async def held(*args, **kwargs):
+        if not reached.is_set():
+            reached.set()
+            await release.wait()
+        return await write(*args, **kwargs)
+
+    frontier.state._write_budget = held  # type: ignore[method-assign]
+    return reached, release
+
+
+def count_seen_reads(frontier: Frontier) -> list[str]:
+    read: list[str] = []
+    held_by = frontier._held_by
+
+    async def counted(task_id: str):
+        read.append(task_id)
+        return await held_by(task_id)
+
+    frontier._held_by = counted  # type: ignore[method-assign]
+    return read
+
+
+async def test_a_go_whose_budget_write_loses_to_its_own_pages_settle_reads_seen_again(applied, settings, site):
+    """Go B of a page has read the budget and SEEN (30 fresh links); go A of the same page then
+    reserves, creates them and settles before B's write. B's write fails; B must read SEEN again
+    (A's settle is in the budget's recent settles) and take no slot."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=1000)
+    one, two, other = await two_frontiers(applied, settings, site)
+    page = page_task(spec, site.url("/late"))
+    links = PageLinks(tuple(site.url(f"/late/{j}") for j in range(30)), 30, HTML)
+    try:
+        await one.seed(spec)
+        reached, release = hold_first_budget_write(two)
+        late = asyncio.create_task(two.follow(page, page.url, links))
+        await asyncio.wait_for(reached.wait(), 30)
+        await one.follow(page, page.url, links)
+        release.set()
+        await asyncio.wait_for(late, 30)
+    finally:
+        await other.close()
+    state = CrawlState(applied.js)
+    assert await state.used(spec.crawl_id) == len(await seen_tasks(applied)) == 1 + 30
+    assert await state.holds(spec.crawl_id) == {}
+
+
+async def test_a_go_whose_budget_write_loses_to_another_page_does_not_read_seen_again(applied, settings, site):
+    """A busy fleet moves a crawl's budget all the time; a page of many links that lost its write
+    to another page's must not read all its links in SEEN again before each try (it could lose
+    every time): its census stands unless a hold of its own page was settled meanwhile."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=1000)
+    one, two, other = await two_frontiers(applied, settings, site)
+    page, elsewhere = page_task(spec, site.url("/mine")), page_task(spec, site.url("/theirs"))
+    try:
+        await one.seed(spec)
+        reached, release = hold_first_budget_write(two)
+        reads = count_seen_reads(two)
+        late = asyncio.create_task(two.follow(
+            page, page.url, PageLinks(tuple(site.url(f"/mine/{j}") for j in range(30)), 30, HTML)))
+        await asyncio.wait_for(reached.wait(), 30)
+        await one.follow(elsewhere, elsewhere.url,
+                         PageLinks(tuple(site.url(f"/theirs/{j}") for j in range(30)), 30, HTML))
+        release.set()
+        await asyncio.wait_for(late, 30)
+    finally:
+        await other.close()
+    assert len(reads) == 30, len(reads)  # one census, every create won: no read after it
+    state = CrawlState(applied.js)
+    assert await state.used(spec.crawl_id) == len(await seen_tasks(applied)) == 1 + 60
+    assert await state.holds(spec.crawl_id) == {}
+
+
 @pytest.mark.timeout(120)
 async def test_a_backtracking_exclude_pattern_on_a_pages_hostile_urls_is_cut_off_not_run_for_ever(
         applied, settings, site):

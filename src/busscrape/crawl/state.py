@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import nats.js.errors
@@ -31,6 +32,35 @@ from busscrape.model.messages import decode, encode
 MAX_CRAWLS = 256  # crawls whose rules, scope and task-id tail one process keeps at hand
 SEEDS = "seeds"
 """The page record of the seeds (a page key that is not a task id)."""
+
+
+RECENT_SETTLES = 64
+"""Holders of the last settles a budget names (``Budget.recent``): how far back a go that lost a
+budget write can tell whether its census still stands without reading SEEN again."""
+
+
+@dataclass
+class Budget:
+    """A crawl's budget key as read: pages queued or held (``used``), the holds not settled, how
+    many holds were ever settled and the holders of the last ``RECENT_SETTLES`` of them."""
+
+    used: int
+    holds: dict[str, list[int]]
+    settles: int
+    recent: list[str]
+    revision: int | None
+
+    def settled(self, holder: str) -> None:
+        self.settles += 1
+        self.recent = [*self.recent, holder][-RECENT_SETTLES:]
+
+    def settled_since(self, settles: int, holder: str) -> bool:
+        """Whether a hold of ``holder`` may have been settled since the budget counted
+        ``settles`` (True when more were settled than ``recent`` remembers)."""
+        since = self.settles - settles
+        if since <= 0:
+            return False
+        return since > len(self.recent) or holder in self.recent[-since:]
 
 
 class CrawlState:
@@ -111,25 +141,32 @@ class CrawlState:
         slots: the slots it had are never lost, nor counted twice. ``mine`` now (the holder's
         tasks in SEEN) tells how many of the hold are spent already.
 
-        SEEN is read after the budget and before the write that makes a new hold, never before
-        the budget: another go of the page may have reserved, created its links and settled in
-        between, and a census taken before that would count them as this hold's to make (the
-        crawl would stop short of its budget). A hold made or settled after the census changes
-        the budget key, so the write fails and both are read again."""
+        SEEN is read after the budget and before the write that makes a new hold: another go of
+        the page may have reserved, created its links and settled before, and a census taken
+        earlier would count them as this hold's to make (the crawl would stop short of its
+        budget). When the write loses to another page's, the census still stands unless a hold
+        of this holder was settled since it was taken (``Budget.settled_since``): a page of
+        thousands of links is not read again each time a busy fleet moves the budget first."""
         kv, key = await self.kv(), f"{crawl_id}.budget"
+        budget = await self._budget(kv, key)
+        wanted, mine = await census()
+        taken_at = budget.settles
         while True:
-            used, holds, revision = await self._budget(kv, key)
-            wanted, mine = await census()
-            if holder in holds:
-                granted, before = holds[holder]
+            if holder in budget.holds:
+                granted, before = budget.holds[holder]
                 return max(0, granted - max(0, mine - before)), True
-            granted = wanted if limit is None else max(0, min(wanted, limit - used))
+            if budget.settled_since(taken_at, holder):
+                wanted, mine = await census()
+                taken_at = budget.settles
+            granted = wanted if limit is None else max(0, min(wanted, limit - budget.used))
             if granted <= 0:
                 return 0, False
-            holds[holder] = [granted, mine]
-            if await self._write_budget(kv, key, used + granted, holds, revision):
+            budget.holds[holder] = [granted, mine]
+            budget.used += granted
+            if await self._write_budget(kv, key, budget):
                 return granted, True
-            await asyncio.sleep(0)  # another process took slots first: read again
+            await asyncio.sleep(0)  # another process moved the budget first: read again
+            budget = await self._budget(kv, key)
 
     async def settle(self, crawl_id: str, holder: str, mine: int) -> None:
         """End ``holder``'s hold: its tasks are created, ``mine`` of them in SEEN now (read there
@@ -141,37 +178,39 @@ class CrawlState:
         runs) share one hold, and each of its slots is counted once, by whichever go made the task."""
         kv, key = await self.kv(), f"{crawl_id}.budget"
         while True:
-            used, holds, revision = await self._budget(kv, key)
-            hold = holds.pop(holder, None)
+            budget = await self._budget(kv, key)
+            hold = budget.holds.pop(holder, None)
             if hold is None:
                 return  # settled already (by an earlier go of the same page): give nothing back twice
             granted, before = hold
-            unused = max(0, granted - max(0, mine - before))
-            if await self._write_budget(kv, key, max(0, used - unused), holds, revision):
+            budget.used = max(0, budget.used - max(0, granted - max(0, mine - before)))
+            budget.settled(holder)
+            if await self._write_budget(kv, key, budget):
                 return
             await asyncio.sleep(0)
 
     async def used(self, crawl_id: str) -> int:
-        return (await self._budget(await self.kv(), f"{crawl_id}.budget"))[0]
+        return (await self._budget(await self.kv(), f"{crawl_id}.budget")).used
 
     async def holds(self, crawl_id: str) -> dict[str, list[int]]:
         """Reservations not settled yet, by holder (pages whose links are being queued)."""
-        return (await self._budget(await self.kv(), f"{crawl_id}.budget"))[1]
+        return (await self._budget(await self.kv(), f"{crawl_id}.budget")).holds
 
     @staticmethod
-    async def _budget(kv: KeyValue, key: str) -> tuple[int, dict[str, list[int]], int | None]:
+    async def _budget(kv: KeyValue, key: str) -> Budget:
         raw, revision = await _entry(kv, key)
         if revision is None:
-            return 0, {}, None
+            return Budget(0, {}, 0, [], None)
         value = orjson.loads(raw or b"0")
         if isinstance(value, int):  # a budget written before holds: the bare count
-            return value, {}, revision
-        return int(value["used"]), dict(value.get("holds") or {}), revision
+            return Budget(value, {}, 0, [], revision)
+        return Budget(int(value["used"]), dict(value.get("holds") or {}), int(value.get("settles") or 0),
+                      list(value.get("recent") or ()), revision)
 
     @staticmethod
-    async def _write_budget(kv: KeyValue, key: str, used: int, holds: dict[str, list[int]],
-                            revision: int | None) -> bool:
-        return await _write_at(kv, key, orjson.dumps({"used": used, "holds": holds}), revision)
+    async def _write_budget(kv: KeyValue, key: str, budget: Budget) -> bool:
+        value = {"used": budget.used, "holds": budget.holds, "settles": budget.settles, "recent": budget.recent}
+        return await _write_at(kv, key, orjson.dumps(value), budget.revision)
 
     # -- pages ------------------------------------------------------------------------------
 
