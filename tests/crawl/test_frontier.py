@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -524,31 +526,20 @@ async def test_two_concurrent_deliveries_of_one_page_count_every_link_it_queued_
 async def test_a_go_that_reserves_after_another_go_of_its_page_settled_takes_no_slot_for_its_links(
         applied, settings, site):
     """The interleaving of the race above that over-counted (seen once in four whole-suite runs,
-    ``271 == 241``): go B of a page starts first, go A of the same page then reserves, creates
-    all 30 links and settles, and only then does B reserve. B must find the 30 tasks A made as
-    its page's and take no slot; a census of SEEN taken before its reserve would see 30 fresh
-    links, take 30 new slots, lose every create to A and count them as spent."""
+    ``271 == 241``): go B of a page starts first and is held at its read of the budget; go A of
+    the same page then reserves, creates all 30 links and settles, and only then does B read the
+    budget. B must find the 30 tasks A made as its page's and take no slot; a census of SEEN
+    taken before its read of the budget would see 30 fresh links, take 30 new slots, lose every
+    create to A and count them as spent."""
     crawl_site.install(site)
     spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=1000)
     one, two, other = await two_frontiers(applied, settings, site)
     page = page_task(spec, site.url("/late"))
     links = PageLinks(tuple(site.url(f"/late/{j}") for j in range(30)), 30, HTML)
-    at_reserve, settled = asyncio.Event(), asyncio.Event()
-    reserve = two.state.reserve
-
-    async def late_reserve(*args, **kwargs):
-        at_reserve.set()
-        await settled.wait()
-        return await reserve(*args, **kwargs)
-
-    two.state.reserve = late_reserve  # type: ignore[method-assign]
     try:
         await one.seed(spec)
-        late = asyncio.create_task(two.follow(page, page.url, links))
-        await asyncio.wait_for(at_reserve.wait(), 30)
-        await one.follow(page, page.url, links)
-        settled.set()
-        await asyncio.wait_for(late, 30)
+        await interleaved(two.follow(page, page.url, links), hold_first_call(two.state, "_budget"),
+                          one.follow(page, page.url, links))
     finally:
         await other.close()
     tasks = await seen_tasks(applied)
@@ -560,19 +551,30 @@ async def test_a_go_that_reserves_after_another_go_of_its_page_settled_takes_no_
     assert len(record["queued"]) == 30 and record["counts"]["duplicate"] == 0, record["counts"]
 
 
-def hold_first_budget_write(frontier: Frontier) -> tuple[asyncio.Event, asyncio.Event]:
-    """Stop ``frontier``'s first budget write until released: (reached, release)."""
+def hold_first_call(owner: object, name: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """Stop the first call of ``owner.name`` until released: (reached, release)."""
     reached, release = asyncio.Event(), asyncio.Event()
-    write = frontier.state._write_budget
+    method = getattr(owner, name)
 
     async def held(*args, **kwargs):
         if not reached.is_set():
             reached.set()
             await release.wait()
-        return await write(*args, **kwargs)
+        return await method(*args, **kwargs)
 
-    frontier.state._write_budget = held  # type: ignore[method-assign]
+    setattr(owner, name, held)
     return reached, release
+
+
+async def interleaved(held: Coroutine[Any, Any, Any], gate: tuple[asyncio.Event, asyncio.Event],
+                      between: Coroutine[Any, Any, Any]) -> None:
+    """Run ``held`` up to its gate, then ``between`` whole, then the rest of ``held``."""
+    reached, release = gate
+    task = asyncio.create_task(held)
+    await asyncio.wait_for(reached.wait(), 30)
+    await between
+    release.set()
+    await asyncio.wait_for(task, 30)
 
 
 def count_seen_reads(frontier: Frontier) -> list[str]:
@@ -598,12 +600,8 @@ async def test_a_go_whose_budget_write_loses_to_its_own_pages_settle_reads_seen_
     links = PageLinks(tuple(site.url(f"/late/{j}") for j in range(30)), 30, HTML)
     try:
         await one.seed(spec)
-        reached, release = hold_first_budget_write(two)
-        late = asyncio.create_task(two.follow(page, page.url, links))
-        await asyncio.wait_for(reached.wait(), 30)
-        await one.follow(page, page.url, links)
-        release.set()
-        await asyncio.wait_for(late, 30)
+        await interleaved(two.follow(page, page.url, links), hold_first_call(two.state, "_write_budget"),
+                          one.follow(page, page.url, links))
     finally:
         await other.close()
     state = CrawlState(applied.js)
@@ -621,15 +619,12 @@ async def test_a_go_whose_budget_write_loses_to_another_page_does_not_read_seen_
     page, elsewhere = page_task(spec, site.url("/mine")), page_task(spec, site.url("/theirs"))
     try:
         await one.seed(spec)
-        reached, release = hold_first_budget_write(two)
         reads = count_seen_reads(two)
-        late = asyncio.create_task(two.follow(
-            page, page.url, PageLinks(tuple(site.url(f"/mine/{j}") for j in range(30)), 30, HTML)))
-        await asyncio.wait_for(reached.wait(), 30)
-        await one.follow(elsewhere, elsewhere.url,
-                         PageLinks(tuple(site.url(f"/theirs/{j}") for j in range(30)), 30, HTML))
-        release.set()
-        await asyncio.wait_for(late, 30)
+        await interleaved(
+            two.follow(page, page.url, PageLinks(tuple(site.url(f"/mine/{j}") for j in range(30)), 30, HTML)),
+            hold_first_call(two.state, "_write_budget"),
+            one.follow(elsewhere, elsewhere.url,
+                       PageLinks(tuple(site.url(f"/theirs/{j}") for j in range(30)), 30, HTML)))
     finally:
         await other.close()
     assert len(reads) == 30, len(reads)  # one census, every create won: no read after it
