@@ -7,6 +7,7 @@ load no settings, no NATS client and no browser (``bench/cli_startup.py`` measur
 
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 from collections.abc import Coroutine
@@ -287,4 +288,31 @@ def _root(
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        end(done.code)
+    end(0)
+
+
+def end(code: int | str | None) -> NoReturn:
+    """End the process with ``code`` once the command is done.
+
+    With obstore loaded (the archive on S3, GCS or Azure) the process skips Python's own
+    finalisation: obstore's Rust runtime keeps its worker threads, and one that hands a late
+    result back to Python while the interpreter is being torn down aborts the process (SIGABRT,
+    SIGBUS; pyo3's interpreter-shutdown race) — an ingester that had printed "exit 2, fix the CA"
+    ended as -6 under load. The atexit handlers still run and the output is flushed first."""
+    if "obstore" not in sys.modules:
+        raise SystemExit(code)
+    import atexit
+    import os
+
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
