@@ -523,6 +523,23 @@ async def test_two_concurrent_deliveries_of_one_page_count_every_link_it_queued_
         assert record["counts"]["queued"] == 30 and record["counts"]["duplicate"] == 0
 
 
+async def one_page_twice(applied, settings, site, *, held_at: str) -> tuple[CrawlSpec, ScrapeTask]:
+    """Go B of a page (30 links) held at its first call of ``CrawlState.<held_at>`` while go A of
+    the same page follows it whole; then B goes on. The crawl's spec and the page."""
+    crawl_site.install(site)
+    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=1000)
+    one, two, other = await two_frontiers(applied, settings, site)
+    page = page_task(spec, site.url("/late"))
+    links = PageLinks(tuple(site.url(f"/late/{j}") for j in range(30)), 30, HTML)
+    try:
+        await one.seed(spec)
+        await interleaved(two.follow(page, page.url, links), hold_first_call(two.state, held_at),
+                          one.follow(page, page.url, links))
+    finally:
+        await other.close()
+    return spec, page
+
+
 async def test_a_go_that_reserves_after_another_go_of_its_page_settled_takes_no_slot_for_its_links(
         applied, settings, site):
     """The interleaving of the race above that over-counted (seen once in four whole-suite runs,
@@ -531,17 +548,7 @@ async def test_a_go_that_reserves_after_another_go_of_its_page_settled_takes_no_
     budget. B must find the 30 tasks A made as its page's and take no slot; a census of SEEN
     taken before its read of the budget would see 30 fresh links, take 30 new slots, lose every
     create to A and count them as spent."""
-    crawl_site.install(site)
-    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=1000)
-    one, two, other = await two_frontiers(applied, settings, site)
-    page = page_task(spec, site.url("/late"))
-    links = PageLinks(tuple(site.url(f"/late/{j}") for j in range(30)), 30, HTML)
-    try:
-        await one.seed(spec)
-        await interleaved(two.follow(page, page.url, links), hold_first_call(two.state, "_budget"),
-                          one.follow(page, page.url, links))
-    finally:
-        await other.close()
+    spec, page = await one_page_twice(applied, settings, site, held_at="_budget")
     tasks = await seen_tasks(applied)
     state = CrawlState(applied.js)
     assert len(tasks) == 1 + 30
@@ -593,17 +600,7 @@ async def test_a_go_whose_budget_write_loses_to_its_own_pages_settle_reads_seen_
     """Go B of a page has read the budget and SEEN (30 fresh links); go A of the same page then
     reserves, creates them and settles before B's write. B's write fails; B must read SEEN again
     (A's settle is in the budget's recent settles) and take no slot."""
-    crawl_site.install(site)
-    spec = CrawlSpec(seeds=(site.url("/"),), robots="ignore", max_pages=1000)
-    one, two, other = await two_frontiers(applied, settings, site)
-    page = page_task(spec, site.url("/late"))
-    links = PageLinks(tuple(site.url(f"/late/{j}") for j in range(30)), 30, HTML)
-    try:
-        await one.seed(spec)
-        await interleaved(two.follow(page, page.url, links), hold_first_call(two.state, "_write_budget"),
-                          one.follow(page, page.url, links))
-    finally:
-        await other.close()
+    spec, _ = await one_page_twice(applied, settings, site, held_at="_write_budget")
     state = CrawlState(applied.js)
     assert await state.used(spec.crawl_id) == len(await seen_tasks(applied)) == 1 + 30
     assert await state.holds(spec.crawl_id) == {}
