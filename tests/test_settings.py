@@ -55,3 +55,22 @@ def test_the_docs_list_every_setting_as_busscrape_config_prints_it():
     assert "<!-- generated: settings -->" in page
     table = reference_markdown()
     assert table.startswith("| variable | default | meaning |") and "`BUSSCRAPE_WORKER__ISOLATION`" in table
+
+
+def test_the_default_worker_and_ingester_names_are_the_process_that_reads_the_settings():
+    """A process forked after the settings were imported (the test zygote, an extraction pool)
+    must not name itself after its parent: the default name carries the process id."""
+    import os
+    import socket
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports its names and ends at once
+        settings = Settings()
+        os.write(write, f"{settings.worker.name} {settings.ingester.name}".encode())
+        os._exit(0)
+    os.close(write)
+    names = os.read(read, 1024).decode().split()
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert names == [f"{socket.gethostname()}-{pid}"] * 2

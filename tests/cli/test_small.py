@@ -7,6 +7,7 @@ from pathlib import Path
 
 from busscrape import __version__
 from busscrape.bus import names
+from tests.support.bus import count, wait_until
 from tests.support.cli import busscrape, clean_env
 
 
@@ -23,6 +24,10 @@ def test_reindex_from_a_folder_that_is_not_there_is_refused_and_creates_nothing(
     assert not missing.exists()
 
 
+async def has_messages(js, stream: str) -> bool:
+    return await count(js, stream) > 0
+
+
 async def test_jsonl_on_stdin_is_read_as_task_specs_without_format(applied, nats_url, tmp_path):
     env = clean_env(BUSSCRAPE_NATS__URL=nats_url, BUSSCRAPE_STATE_DIR=str(tmp_path / "state"))
     spec = {"url": "https://example.com/sniffed", "labels": {"from": "stdin"}, "artifacts": ["html"]}
@@ -30,6 +35,8 @@ async def test_jsonl_on_stdin_is_read_as_task_specs_without_format(applied, nats
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert (summary["published"], summary["invalid"]) == (1, 0), summary
+    # TASKS sources the task from SEEN after the dispatch's PubAck, a moment later.
+    await wait_until(lambda: has_messages(applied.js, names.TASKS_STREAM), timeout=10)
     [msg] = [await applied.js.get_msg(names.TASKS_STREAM, 1)]
     task = json.loads(msg.data)
     assert task["labels"] == {"from": "stdin"} and task["options"]["artifacts"] == ["html"]

@@ -244,6 +244,8 @@ async def test_a_run_on_a_cluster_under_faults_loses_no_page(tmp_path, s3, fault
     broken = [f"http://{site.hosts[i % 3]}:{site.port}/missing?n={i}\n" for i in range(BROKEN)]
     lines = pages + broken
     rng.shuffle(lines)
+    # The first line fed must be a good page: the faults wait for something archived.
+    lines.insert(0, lines.pop(next(i for i, line in enumerate(lines) if line in pages)))
     dispatched = _task_ids(settings, lines)
     may_die = _task_ids(settings, broken)
     fleet = Fleet(tmp_path, settings, cluster, s3, rng=rng)

@@ -1,4 +1,7 @@
-"""The real ``busscrape`` entry point as a child process, as a new user runs it (off a terminal)."""
+"""The real ``busscrape`` entry point as a child process, as a new user runs it (off a terminal).
+
+Forked from a warm interpreter (tests/support/zygote.py) where that starts the same as a fresh
+``python -m busscrape``: the same entry point and exit codes, a second less of CPU per command."""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.support.zygote import ZYGOTE
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -17,6 +22,9 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def busscrape(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, stdin: str | None = None,
               timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m busscrape ARGS`` to the end: exit code, stdout and stderr (pipes, not a terminal)."""
-    return subprocess.run([sys.executable, "-m", "busscrape", *args], env=clean_env() if env is None else env,
+    """``python -m busscrape ARGS`` to the end: exit code, stdout and stderr (files, not a terminal)."""
+    env = clean_env() if env is None else env
+    if ZYGOTE.can_run(env):
+        return ZYGOTE.run(list(args), env, cwd, stdin, timeout)
+    return subprocess.run([sys.executable, "-m", "busscrape", *args], env=env,
                           cwd=cwd, input=stdin, capture_output=True, text=True, timeout=timeout)

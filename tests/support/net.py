@@ -106,6 +106,7 @@ class ProxiedServer:
 
     proxy: TcpProxy | None = None
     _process: subprocess.Popen[bytes] | None = None
+    stop_grace: float = 10.0  # seconds between SIGTERM and SIGKILL
 
     def outage(self) -> None:
         assert self.proxy is not None
@@ -121,7 +122,7 @@ class ProxiedServer:
         if self._process and self._process.poll() is None:
             self._process.terminate()
             try:
-                self._process.wait(10)
+                self._process.wait(self.stop_grace)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait(10)

@@ -317,7 +317,10 @@ async def after_a_death_before_the_ack(bus, settings) -> None:
     assert w2.counters["already_done"] == 1 and w2.counters["completed"] == 0
     # ... and did not make the archived task look unfinished again
     history = [(s.state, s.attempt) for s in await board.history(first.task_id)]
-    assert history == [("running", 1), ("rendered", 1), ("archived", 1)]
+    assert history[-2:] == [("rendered", 1), ("archived", 1)]
+    # Before the render, only the first attempt: a network change on this machine (a container
+    # test beside this one) may cut the first render off, an outage that spends no attempt.
+    assert history[0] == ("running", 1) and set(history[:-2]) <= {("running", 1), ("retrying", 1)}
     assert len(await results(bus.js)) == 1
     assert await count(bus.js, names.TASKS_STREAM) == 0
     # only the first result's objects exist: the second delivery stored nothing

@@ -32,7 +32,7 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import nats.errors
 import nats.js.errors
@@ -44,7 +44,10 @@ from busscrape.bus.compat import prefetched
 from busscrape.bus.connection import Bus
 from busscrape.bus.retry import TRANSIENT, backoff, patiently
 from busscrape.errors import StreamsMissing, said
-from busscrape.telemetry.metrics import Telemetry
+
+if TYPE_CHECKING:
+    # Annotations only: the daemons load the OpenTelemetry SDK, the short commands need not.
+    from busscrape.telemetry.metrics import Telemetry
 
 log = structlog.get_logger("busscrape.service")
 

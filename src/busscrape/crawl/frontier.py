@@ -29,7 +29,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.js.errors
 import structlog
@@ -49,7 +49,10 @@ from busscrape.model import bounds
 from busscrape.model.messages import CrawlRef, ScrapeTask, decode, encode, identity_tail
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
-from busscrape.telemetry.metrics import Telemetry
+
+if TYPE_CHECKING:
+    # Annotations only: the daemons load the OpenTelemetry SDK, the short commands need not.
+    from busscrape.telemetry.metrics import Telemetry
 
 log = structlog.get_logger("busscrape.crawl")
 

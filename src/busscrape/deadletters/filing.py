@@ -7,6 +7,7 @@ its own stream, so a crash between the two at worst files the same letter twice,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import structlog
@@ -19,7 +20,10 @@ from busscrape.errors import BusscrapeError
 from busscrape.model.bounds import fit_letter
 from busscrape.model.messages import DeadLetter, MessageSource, preview
 from busscrape.telemetry import tracing
-from busscrape.telemetry.metrics import Telemetry
+
+if TYPE_CHECKING:
+    # Annotations only: the daemons load the OpenTelemetry SDK, the short commands need not.
+    from busscrape.telemetry.metrics import Telemetry
 
 log = structlog.get_logger("busscrape.deadletters")
 

@@ -8,6 +8,8 @@ DEADLETTER again, which could loop.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import structlog
 from nats.aio.msg import Msg
 
@@ -19,7 +21,10 @@ from busscrape.bus.names import ARCHIVIST_CONSUMER, DEADLETTER_STREAM
 from busscrape.deadletters import filing
 from busscrape.errors import MessageDecodeError, RetryableError
 from busscrape.model.messages import DeadLetter, decode, encode
-from busscrape.telemetry.metrics import Telemetry
+
+if TYPE_CHECKING:
+    # Annotations only: the daemons load the OpenTelemetry SDK, the short commands need not.
+    from busscrape.telemetry.metrics import Telemetry
 
 log = structlog.get_logger("busscrape.archivist")
 

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from busscrape.settings.sections import (
@@ -51,13 +51,14 @@ class Settings(BaseSettings):
     streams: StreamSettings = StreamSettings()
     dispatch: DispatchSettings = DispatchSettings()
     browser: BrowserSettings = BrowserSettings()
-    worker: WorkerSettings = WorkerSettings()
+    # Made per Settings, not once at import: their default names carry the process id.
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
     extract: ExtractSettings = ExtractSettings()
     network: NetworkPolicySettings = NetworkPolicySettings()
     proxy: ProxySettings = ProxySettings()
     s3: S3Settings = S3Settings()
     archive: ArchiveSettings = ArchiveSettings()
-    ingester: IngesterSettings = IngesterSettings()
+    ingester: IngesterSettings = Field(default_factory=IngesterSettings)
     search: SearchSettings = SearchSettings()
     api: ApiSettings = ApiSettings()
     telemetry: TelemetrySettings = TelemetrySettings()

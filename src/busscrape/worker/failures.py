@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from nats.aio.msg import Msg
@@ -42,10 +42,13 @@ from busscrape.errors import (
 from busscrape.model.messages import AttemptRecord, DeadLetter, ScrapeTask, utcnow
 from busscrape.settings import Settings
 from busscrape.status.records import Transitions
-from busscrape.telemetry.metrics import Telemetry
 from busscrape.worker.attempts import AttemptLog, Ledger, Tally
 from busscrape.worker.backpressure import ResultsRoom
 from busscrape.worker.results import ResultPublisher
+
+if TYPE_CHECKING:
+    # Annotations only: the daemons load the OpenTelemetry SDK, the short commands need not.
+    from busscrape.telemetry.metrics import Telemetry
 
 log = structlog.get_logger("busscrape.worker")
 

@@ -1,0 +1,194 @@
+"""A warm interpreter the tests fork ``busscrape`` commands from (tests/support/cli.py).
+
+The suite runs a few hundred short commands (``status``, ``dlq``, ``dispatch``, ``config`` …) as a
+user would, each a process of its own. Most of a command's CPU is its imports (~0.5 s: pydantic
+settings, nats-py and aiohttp, rich, structlog), so on two cores they cost minutes of the suite.
+The zygote imports them once, per test process; each command is then a ``fork`` of it that sets
+its own argv, environment, working directory and stdio, runs the real entry point
+(``busscrape.cli.main``) and exits with its code, as ``python -m busscrape`` would: a real
+process with its own state, only its imports already done.
+
+What a forked command cannot show, the fresh interpreter still runs: a test that sets a
+``PYTHON*`` variable (a module blocked on ``PYTHONPATH``) and every daemon (tests/support/procs.py)
+start ``python -m busscrape``; ``BUSSCRAPE_TEST_FRESH_COMMANDS=1`` runs every command that way.
+
+Protocol (one Unix-socket connection per command): the test sends one JSON line (args, env, cwd
+and the paths of the stdin, stdout and stderr files); the zygote answers the child's pid, then
+its exit status as ``subprocess`` reports it (negative: the signal that ended it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import json
+import os
+import runpy
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# What the commands import before they do anything (imported lazily inside each command).
+PRELOAD = (
+    "busscrape.cli", "busscrape.settings", "busscrape.telemetry.logs", "busscrape.bus.connection",
+    "busscrape.bus.provision", "busscrape.ops.overview", "busscrape.deadletters.queue",
+    "busscrape.dispatch.dispatcher", "busscrape.crawl.state", "rich.console", "rich.table",
+)
+
+
+def _child(request: dict[str, object]) -> None:
+    """In the forked child: become the command, run it, exit with its code. Never returns."""
+    code: int = 1
+    try:
+        os.chdir(str(request["cwd"]))
+        env = request["env"]
+        assert isinstance(env, dict)
+        os.environ.clear()
+        os.environ.update(env)
+        time.tzset()
+        for fd, key, flags in ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY), (2, "stderr", os.O_WRONLY)):
+            opened = os.open(str(request[key]), flags)
+            os.dup2(opened, fd)
+            os.close(opened)
+        # As a fresh interpreter off a terminal: UTF-8 files, stdout strict, stderr backslashreplace.
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="strict")
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                      errors="backslashreplace", line_buffering=True)
+        args = request["args"]
+        assert isinstance(args, list)
+        sys.argv = ["busscrape", *args]
+        try:
+            # As `python -m busscrape`: __main__ is busscrape/__main__.py, argv[0] its path.
+            runpy.run_module("busscrape", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None:
+                code = 0
+            elif isinstance(exc.code, int):
+                code = exc.code
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt:  # as the interpreter does: end by SIGINT itself
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        except BaseException:  # as the interpreter does: the traceback, exit 1
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _serve_one(conn: socket.socket) -> None:
+    with conn, conn.makefile("rwb") as channel:
+        request = json.loads(channel.readline())
+        pid = os.fork()
+        if pid == 0:
+            _child(request)
+        with contextlib.suppress(OSError):  # the test gave up on it (its timeout)
+            channel.write(f"{pid}\n".encode())
+            channel.flush()
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        with contextlib.suppress(OSError):
+            channel.write(f"{code}\n".encode())
+            channel.flush()
+
+
+def serve(path: str) -> None:
+    """The zygote's main: preload, then fork a command per connection until stdin closes."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    # The test process holds our stdin: when it ends (even killed), so do we.
+    threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+
+
+class Zygote:
+    """The test process's handle on its zygote, started at the first command."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[str] | None = None
+        self._dir = Path(tempfile.mkdtemp(prefix="busscrape-zygote-"))
+        self._socket = str(self._dir / "s")
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._process is not None and self._process.poll() is None:
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._socket)
+            root = str(Path(__file__).resolve().parents[2])
+            env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", f"from tests.support.zygote import serve; serve({self._socket!r})"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root, env=env)
+            assert self._process.stdout is not None
+            if self._process.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the test zygote did not start (exit {self._process.wait(30)})")
+            atexit.register(self.close)
+
+    def close(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(10)
+
+    @staticmethod
+    def can_run(env: dict[str, str]) -> bool:
+        """Whether a forked command would start as a fresh one with ``env``: the interpreter
+        reads its PYTHON* variables only at start, so a test that sets its own needs a fresh one."""
+        if os.environ.get("BUSSCRAPE_TEST_FRESH_COMMANDS", "") not in ("", "0"):
+            return False
+        ours = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
+        return {k: v for k, v in env.items() if k.startswith("PYTHON")} == ours
+
+    def run(self, args: list[str], env: dict[str, str], cwd: Path | None, stdin: str | None,
+            timeout: float) -> subprocess.CompletedProcess[str]:
+        self._start()
+        with tempfile.TemporaryDirectory(dir=self._dir) as tmp:
+            paths = {name: Path(tmp) / name for name in ("stdin", "stdout", "stderr")}
+            paths["stdin"].write_text(stdin or "", encoding="utf-8")
+            for name in ("stdout", "stderr"):
+                paths[name].touch()
+            request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd()),
+                       **{name: str(path) for name, path in paths.items()}}
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(self._socket)
+                conn.settimeout(timeout)
+                with conn.makefile("rwb") as channel:
+                    channel.write(json.dumps(request).encode() + b"\n")
+                    channel.flush()
+                    pid = int(channel.readline())
+                    try:
+                        code = int(channel.readline())
+                    except TimeoutError:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                        raise subprocess.TimeoutExpired(["busscrape", *args], timeout) from None
+            read = {name: paths[name].read_text(encoding="utf-8", errors="replace") for name in ("stdout", "stderr")}
+        return subprocess.CompletedProcess(["busscrape", *args], code, read["stdout"], read["stderr"])
+
+
+ZYGOTE = Zygote()
