@@ -108,3 +108,10 @@ if [[ "$extra" == "test" ]] && ! have_containers; then
     uidmap slirp4netns fuse-overlayfs >/dev/null
   have_containers || { echo "podman could not be installed (apt-get install podman runc mmdebstrap)" >&2; exit 2; }
 fi
+# The Python base the images build FROM, in place of the python:*-slim a registry would give
+# (none is reachable here): made once per machine, as the packages above are; the tests build
+# the images themselves on it. Does nothing when it exists.
+if [[ "$extra" == "test" ]] && have_containers && ! podman image exists localhost/busscrape-base:bookworm 2>/dev/null; then
+  say "making the base image localhost/busscrape-base:bookworm (scripts/base-image.sh, ~2 min, once)"
+  CONTAINERS_CONF="$PWD/tests/deploy/containers.conf" scripts/base-image.sh localhost/busscrape-base:bookworm
+fi

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import html
 import re
-import subprocess
-import sys
 
 import aiohttp
 import orjson
@@ -19,6 +17,7 @@ from busscrape.search import open_index
 from busscrape.settings import settings_env
 from tests.api.test_server import AUTH, api_settings, call  # noqa: F401  (fixtures)
 from tests.search.test_filters import CRAWL_A, CRAWL_B, pages, wanted
+from tests.support import cli
 
 KEY = re.compile(r'<li class="hit" data-key="([^"]+)"')
 NEXT = re.compile(r'<a id="next" href="([^"]+)"')
@@ -93,8 +92,7 @@ async def test_get_search_takes_the_same_filters_and_pages(applied, indexed):
 
 def test_the_search_command_takes_crawl_status_and_offset(indexed):
     def search(*args: str) -> dict:
-        done = subprocess.run([sys.executable, "-m", "busscrape", "search", "--json", *args],
-                              env=settings_env(indexed), capture_output=True, text=True, timeout=60)
+        done = cli.busscrape("search", "--json", *args, env=settings_env(indexed), timeout=60)
         assert done.returncode == 0, done.stderr
         return orjson.loads(done.stdout)
 

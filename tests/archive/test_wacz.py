@@ -18,6 +18,7 @@ from warcio.warcwriter import WARCWriter
 from busscrape.archive import wacz
 from busscrape.errors import PermanentError
 from tests.archive.test_storage import storage  # noqa: F401 - fixture (folder and S3)
+from tests.support import cli
 
 BIN = Path(sys.executable).parent
 
@@ -116,8 +117,8 @@ async def test_the_wacz_command_packs_what_is_under_a_prefix_and_says_when_there
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUSSCRAPE_")}
 
     def wacz_cmd(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "busscrape", "wacz", *args, "--archive", str(tmp_path / "archive")]
-        return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**env, "COLUMNS": "200"})
+        return cli.busscrape("wacz", *args, "--archive", str(tmp_path / "archive"), timeout=120,
+                             env={**env, "COLUMNS": "200"})
 
     done = wacz_cmd("crawl", "--under", "dt=2026-12-02")
     assert done.returncode == 0 and "wacz: wacz/crawl.wacz · 1 pages" in done.stdout, done.stdout + done.stderr

@@ -26,10 +26,10 @@ def urls(prefix: str, count: int) -> list[str]:
 @pytest.fixture(scope="module")
 def stack(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(tmp_path_factory.mktemp("compose"), site_delay=2.0)
-    stack.down(volumes=True)  # whatever an interrupted run left
+    stack.discard()  # whatever an interrupted run left
     stack.up(workers=2)
     yield stack
-    stack.down(volumes=True)
+    stack.discard()
 
 
 def running(stack: Stack, service: str) -> list[str]:

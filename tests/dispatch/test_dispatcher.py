@@ -31,6 +31,7 @@ from busscrape.model.steps import Click, Scroll
 from tests.conftest import make_settings, wipe
 from tests.dispatch.test_inputs import content_lines
 from tests.support.bus import wait_until
+from tests.support.cli import busscrape
 from tests.support.net import TcpProxy
 from tests.support.procs import env_for, kill9, spawn
 from tests.support.relay import Relay
@@ -378,8 +379,7 @@ def test_fingerprints_remember_what_they_saw_through_growth():
 
 
 def cli(settings, *args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "busscrape", "dispatch", *args], env=env_for(settings),
-                          input=stdin, capture_output=True, timeout=timeout)
+    return busscrape("dispatch", *args, env=env_for(settings), stdin=stdin, timeout=timeout, text=False)
 
 
 async def test_killed_halfway_then_run_again_queues_every_url_exactly_once(applied, settings, tmp_path):

@@ -18,6 +18,7 @@ from busscrape.model.messages import DeadLetter
 from busscrape.ops.overview import Counters, lag_from_jsz, rates
 from busscrape.status.records import StatusBoard, TaskStatus
 from tests.conftest import make_settings
+from tests.support import cli
 from tests.support.bus import count, enqueue, wait_until
 from tests.support.net import free_port
 
@@ -32,8 +33,7 @@ def cli_env(nats_url: str, **extra: str) -> dict[str, str]:
 
 async def busscrape(nats_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``busscrape ARGS`` as a child process (stdin not a terminal) and wait for it."""
-    return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", *args], capture_output=True,
-                                   text=True, env=cli_env(nats_url, **env), stdin=subprocess.DEVNULL, timeout=90)
+    return await asyncio.to_thread(cli.busscrape, *args, env=cli_env(nats_url, **env), timeout=90)
 
 
 async def workers_lag_from_jsz(nats_server) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -31,6 +30,7 @@ from busscrape.worker.daemon import Worker
 from tests.conftest import make_settings
 from tests.ingest.test_daemon import SCRAPED, produce
 from tests.support.bus import enqueue
+from tests.support.cli import busscrape
 
 WORD = "glimmerquokka4242"
 JS_PAGE = """<!doctype html><html><head><title>Quokka sightings</title></head><body>
@@ -272,8 +272,7 @@ async def test_reindex_rebuilds_the_index_from_the_archive(bus, tmp_path, nats_u
 
 
 def cli(settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "busscrape", "search", *args], env=settings_env(settings),
-                          capture_output=True, text=True, timeout=60)
+    return busscrape("search", *args, env=settings_env(settings), timeout=60)
 
 
 async def test_the_search_command_prints_results_json_and_refuses_bad_queries(tmp_path, nats_url):

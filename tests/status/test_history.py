@@ -7,8 +7,6 @@ real worker in Chromium from pages served on loopback, archived by a real ingest
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -26,7 +24,7 @@ from busscrape.status.history import HistoryReader, TaskHistory, merge
 from busscrape.status.records import StatusBoard, TaskStatus
 from busscrape.worker.daemon import Worker
 from tests.conftest import make_settings
-from tests.support import pages
+from tests.support import cli, pages
 from tests.support.hostile_text import HOSTILE, shown_safely
 
 T0 = datetime(2025, 6, 30, 12, tzinfo=UTC)
@@ -167,22 +165,18 @@ async def test_histories_of_a_success_a_retry_then_success_and_a_death(bus, hset
     # The command shows the same, looked up by a URL spelled differently.
     env = settings_env(hsettings)
     spelled = ok.replace("http://", "HTTP://") + "#section"
-    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "task", spelled, "--json"],
-                                    env=env, capture_output=True, text=True, timeout=60)
+    shown = await asyncio.to_thread(cli.busscrape, "task", spelled, "--json", env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert states(TaskHistory.model_validate(orjson.loads(shown.stdout))) == states(again)
-    table = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "task", died.task_id],
-                                    env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60)
+    table = await asyncio.to_thread(cli.busscrape, "task", died.task_id, env={**env, "COLUMNS": "200"}, timeout=60)
     assert table.returncode == 0 and "http_500" in table.stdout and table.stdout.count("retrying") == 1
-    missing = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "task", "0" * 32],
-                                      env=env, capture_output=True, text=True, timeout=60)
+    missing = await asyncio.to_thread(cli.busscrape, "task", "0" * 32, env=env, timeout=60)
     assert missing.returncode == 1 and "no task" in missing.stderr
 
 
 def test_the_task_command_refuses_what_dispatch_would_reject(tmp_path, nats_url):
     env = settings_env(make_settings(tmp_path, nats_url))
-    bad = subprocess.run([sys.executable, "-m", "busscrape", "task", "ftp://example.com/"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    bad = cli.busscrape("task", "ftp://example.com/", env=env, timeout=60)
     assert bad.returncode == 2 and "unsupported_scheme" in bad.stderr
 
 
@@ -194,8 +188,7 @@ async def test_the_task_command_shows_what_a_page_wrote_as_text(applied, setting
     task_id = task_key(url)
     await board.record(TaskStatus(task_id=task_id, state="retrying", at=datetime.now(UTC), url=url,
                                   attempt=1, reason="page_error", error=HOSTILE, worker=HOSTILE[:40]))
-    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "task", task_id],
-                                    env={**settings_env(settings), "COLUMNS": "400"}, capture_output=True,
-                                    text=True, timeout=60)
+    shown = await asyncio.to_thread(cli.busscrape, "task", task_id, env={**settings_env(settings), "COLUMNS": "400"},
+                                    timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert shown_safely(shown.stdout), shown.stdout

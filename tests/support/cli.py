@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support.zygote import ZYGOTE
 
@@ -20,11 +21,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def busscrape(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, stdin: str | None = None,
-              timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m busscrape ARGS`` to the end: exit code, stdout and stderr (files, not a terminal)."""
+def busscrape(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+              stdin: str | bytes | None = None, timeout: float = 120,
+              text: bool = True) -> subprocess.CompletedProcess[Any]:
+    """``python -m busscrape ARGS`` to the end: exit code, stdout and stderr (files, not a terminal);
+    str, or bytes with ``text=False``."""
     env = clean_env() if env is None else env
     if ZYGOTE.can_run(env):
-        return ZYGOTE.run(list(args), env, cwd, stdin, timeout)
+        return ZYGOTE.run(list(args), env, cwd, stdin, timeout, text=text)
     return subprocess.run([sys.executable, "-m", "busscrape", *args], env=env,
-                          cwd=cwd, input=stdin, capture_output=True, text=True, timeout=timeout)
+                          cwd=cwd, input=stdin, capture_output=True, text=text, timeout=timeout)

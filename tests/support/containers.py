@@ -177,6 +177,15 @@ class Stack:
             assert state == "0", podman("logs", self.container(service), check=False).stderr[-3000:]
         self.compose("up", "-d", "--no-deps", "--scale", f"worker={workers}", "worker", "ingester")
 
+    def discard(self) -> None:
+        """Everything of the project gone at once, volumes included: what a test left, or the
+        stack after the module's last test (no drain to wait for: nothing in it is kept)."""
+        label = f"label=io.podman.compose.project={self.PROJECT}"
+        left = podman("ps", "-a", "-q", "--filter", label).stdout.split()
+        if left:
+            podman("rm", "-f", "-t", "0", *left, timeout=300)
+        self.down(volumes=True)
+
     def down(self, volumes: bool = False) -> None:
         self.compose("--profile", "dispatch", "down", *(["-v"] if volumes else []), timeout=600)
         # podman-compose's down knows one container per service: the scaled-out ones stay.

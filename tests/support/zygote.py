@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 # What the commands import before they do anything (imported lazily inside each command).
 PRELOAD = (
@@ -164,12 +165,12 @@ class Zygote:
         ours = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
         return {k: v for k, v in env.items() if k.startswith("PYTHON")} == ours
 
-    def run(self, args: list[str], env: dict[str, str], cwd: Path | None, stdin: str | None,
-            timeout: float) -> subprocess.CompletedProcess[str]:
+    def run(self, args: list[str], env: dict[str, str], cwd: Path | None, stdin: str | bytes | None,
+            timeout: float, text: bool = True) -> subprocess.CompletedProcess[Any]:
         self._start()
         with tempfile.TemporaryDirectory(dir=self._dir) as tmp:
             paths = {name: Path(tmp) / name for name in ("stdin", "stdout", "stderr")}
-            paths["stdin"].write_text(stdin or "", encoding="utf-8")
+            paths["stdin"].write_bytes(stdin.encode() if isinstance(stdin, str) else stdin or b"")
             for name in ("stdout", "stderr"):
                 paths[name].touch()
             request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd()),
@@ -187,8 +188,11 @@ class Zygote:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
                         raise subprocess.TimeoutExpired(["busscrape", *args], timeout) from None
-            read = {name: paths[name].read_text(encoding="utf-8", errors="replace") for name in ("stdout", "stderr")}
-        return subprocess.CompletedProcess(["busscrape", *args], code, read["stdout"], read["stderr"])
+            out, err = (paths[name].read_bytes() for name in ("stdout", "stderr"))
+        if text:
+            return subprocess.CompletedProcess(["busscrape", *args], code, out.decode(errors="replace"),
+                                               err.decode(errors="replace"))
+        return subprocess.CompletedProcess(["busscrape", *args], code, out, err)
 
 
 ZYGOTE = Zygote()

@@ -2,8 +2,6 @@
 
 import asyncio
 import ipaddress
-import subprocess
-import sys
 
 import orjson
 import pytest
@@ -14,6 +12,7 @@ from busscrape.errors import ConfigurationError
 from busscrape.model.messages import TaskOptions
 from busscrape.worker.daemon import Worker
 from busscrape.worker.sessions import SessionStore, read_rules
+from tests.support import cli
 from tests.support.bus import dead_letters, enqueue, results, two_workers, wait_until
 from tests.support.procs import env_for
 from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
@@ -91,14 +90,11 @@ async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bu
     assert stored is not None and stored.logins == 1
     # The CLI shows the session without any cookie's value, and drops it.
     env = env_for(s)
-    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "sessions", "show", "shop-1"],
-                                    capture_output=True, text=True, env=env, timeout=60)
+    shown = await asyncio.to_thread(cli.busscrape, "sessions", "show", "shop-1", env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
     doc = orjson.loads(shown.stdout)
     assert doc["cookies"] == [f"sid@{site.hosts[0]}"] and "ok-alice" not in shown.stdout
-    dropped = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "busscrape", "sessions", "drop",
-                                                       "shop-1", "nope"], capture_output=True, text=True, env=env,
-                                      timeout=60)
+    dropped = await asyncio.to_thread(cli.busscrape, "sessions", "drop", "shop-1", "nope", env=env, timeout=60)
     assert dropped.returncode == 1 and "no session nope" in dropped.stderr
     assert await SessionStore(bus.js).get("shop-1", expired=True) is None
 
