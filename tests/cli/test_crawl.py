@@ -11,7 +11,7 @@ from busscrape.bus import names
 from busscrape.crawl.state import SEEDS, CrawlState
 from tests.conftest import make_settings
 from tests.support import crawl_site
-from tests.support.bus import count
+from tests.support.bus import count, has_messages, wait_until
 from tests.support.cli import busscrape
 from tests.support.procs import env_for
 
@@ -25,7 +25,9 @@ async def test_detach_starts_the_crawl_on_the_fleet_and_returns_at_once(applied,
     doc = orjson.loads(started.stdout.splitlines()[-1])
     crawl_id = doc["crawl_id"]
     assert doc["seeds"]["queued"] == 1
-    assert await count(applied.js, names.TASKS_STREAM) == 1  # the seed waits for the fleet's workers
+    # The seed waits for the fleet's workers (TASKS sources it from SEEN a moment after the PubAck).
+    await wait_until(lambda: has_messages(applied.js, names.TASKS_STREAM), timeout=10)
+    assert await count(applied.js, names.TASKS_STREAM) == 1
     assert not any(path != "/robots.txt" for _, path in site.hits)  # nothing rendered by the command
     state = CrawlState(applied.js)
     assert (await state.spec(crawl_id)).max_pages == 3 and await state.page(crawl_id, SEEDS) is not None

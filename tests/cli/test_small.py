@@ -7,7 +7,7 @@ from pathlib import Path
 
 from busscrape import __version__
 from busscrape.bus import names
-from tests.support.bus import count, wait_until
+from tests.support.bus import has_messages, wait_until
 from tests.support.cli import busscrape, clean_env
 
 
@@ -22,10 +22,6 @@ def test_reindex_from_a_folder_that_is_not_there_is_refused_and_creates_nothing(
                        env=clean_env(BUSSCRAPE_STATE_DIR=str(tmp_path / "state")))
     assert result.returncode == 2 and f"--archive {missing}: no such folder" in result.stderr
     assert not missing.exists()
-
-
-async def has_messages(js, stream: str) -> bool:
-    return await count(js, stream) > 0
 
 
 async def test_jsonl_on_stdin_is_read_as_task_specs_without_format(applied, nats_url, tmp_path):

@@ -48,6 +48,9 @@ log = structlog.get_logger("faults")
 
 RESULTS_WITNESS = "FAULTS_RESULTS_WITNESS"
 """A mirror of RESULTS the harness adds before the run: every result ever published, kept."""
+# Room left in RESULTS when the fault fills it: more results than this between reading its count and
+# lowering its limit (milliseconds) would be deleted by the server, so a comfortable margin.
+FILL_SLACK = 20
 
 
 async def witness_results(bus: Bus, replicas: int) -> None:
@@ -235,14 +238,24 @@ class Fleet:
         log.warning("fault.pubacks_lost", withheld=self.relay.withheld)
 
     async def fill_results(self, bus: Bus, seconds: float) -> None:
-        """RESULTS full (its message limit down to what it holds) for a while: back-pressure."""
-        config = (await bus.js.stream_info(names.RESULTS_STREAM)).config
-        held = (await bus.js.stream_info(names.RESULTS_STREAM)).state.messages
-        await bus.js.update_stream(config.evolve(max_msgs=max(held, 1)))
+        """RESULTS full (a message limit it reaches) for a while: back-pressure.
+
+        The limit is a little above what it holds, then the fault waits for the workers to fill
+        it: a limit of exactly what it held would race the results published meanwhile, and the
+        server enforces a lowered limit by deleting the oldest messages (a fault run once lost 8
+        archived results that way, and its audit rightly failed)."""
+        info = await bus.js.stream_info(names.RESULTS_STREAM)
+        limit = info.state.messages + FILL_SLACK
+        await bus.js.update_stream(info.config.evolve(max_msgs=limit))
+        deadline = time.monotonic() + 60
+        while (await bus.js.stream_info(names.RESULTS_STREAM)).state.messages < limit:
+            if time.monotonic() > deadline:  # no work left to fill it: nothing to hold back
+                break
+            await asyncio.sleep(0.2)
         self.faults["results_full"] += 1
-        log.warning("fault.results_full", seconds=seconds, messages=held)
+        log.warning("fault.results_full", seconds=seconds, messages=limit)
         await asyncio.sleep(seconds)
-        await bus.js.update_stream(config)
+        await bus.js.update_stream(info.config)
 
     async def s3_outage(self, seconds: float) -> None:
         self.s3.outage()

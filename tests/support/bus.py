@@ -47,6 +47,10 @@ async def count(js: JetStreamContext, stream: str) -> int:
     return (await js.stream_info(stream)).state.messages
 
 
+async def has_messages(js: JetStreamContext, stream: str) -> bool:
+    return await count(js, stream) > 0
+
+
 async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 60, every: float = 0.2) -> None:
     """Poll ``check`` until it is true; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
