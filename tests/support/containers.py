@@ -88,36 +88,19 @@ class Images:
         return image(name)
 
 
-# Builds that run one after another, so the second takes the first's cached layers (the same
-# build stage; the same Chromium layer); the chains themselves build side by side.
-CHAINS = (("busscrape", "worker"), ("dispatcher", "ingester"), ("moto",), ("nats",))
-
-
 def build_all() -> Images:
-    """The base (once per machine), then every image: the chains at once, each in order. A build
-    mostly waits on apt and pip downloads, so four side by side take ~half the time of one by one."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """The base (once per machine), then every image, one build at a time."""
     built = Images()
     start = time.monotonic()
     result = subprocess.run([str(ROOT / "scripts" / "base-image.sh"), BASE], capture_output=True, text=True,
                             timeout=1800, env=environment())
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     built.timings["base"] = time.monotonic() - start
-    dockerfiles = {**IMAGES, **STACK_IMAGES}
-    assert sorted(dockerfiles) == sorted(name for chain in CHAINS for name in chain)
-
-    def build(chain: tuple[str, ...]) -> None:
-        for name in chain:
-            began = time.monotonic()
-            podman("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={BASE}",
-                   "-f", str(dockerfiles[name].relative_to(ROOT)), "-t", image(name), ".", timeout=1800)
-            built.timings[name] = time.monotonic() - began
-
-    with ThreadPoolExecutor(len(CHAINS)) as pool:
-        for done in [pool.submit(build, chain) for chain in CHAINS]:
-            done.result()  # the first failure, with podman's output
-    built.timings["all"] = time.monotonic() - start
+    for name, dockerfile in {**IMAGES, **STACK_IMAGES}.items():
+        start = time.monotonic()
+        podman("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={BASE}",
+               "-f", str(dockerfile.relative_to(ROOT)), "-t", image(name), ".", timeout=1800)
+        built.timings[name] = time.monotonic() - start
     return built
 
 
