@@ -111,7 +111,8 @@ fi
 # The Python base the images build FROM, in place of the python:*-slim a registry would give
 # (none is reachable here): made once per machine, as the packages above are; the tests build
 # the images themselves on it. Does nothing when it exists.
-if [[ "$extra" == "test" ]] && have_containers && ! podman image exists localhost/busscrape-base:bookworm 2>/dev/null; then
-  say "making the base image localhost/busscrape-base:bookworm (scripts/base-image.sh, ~2 min, once)"
-  CONTAINERS_CONF="$PWD/tests/deploy/containers.conf" scripts/base-image.sh localhost/busscrape-base:bookworm
+base_image="localhost/busscrape-base:bookworm"  # tests/support/containers.py's BASE
+if [[ "$extra" == "test" ]] && have_containers && ! podman image exists "$base_image" 2>/dev/null; then
+  say "making the base image $base_image (scripts/base-image.sh, ~2 min, once)"
+  CONTAINERS_CONF="$PWD/tests/deploy/containers.conf" scripts/base-image.sh "$base_image"
 fi

@@ -1,7 +1,7 @@
 """The real ``busscrape`` entry point as a child process, as a new user runs it (off a terminal).
 
 Forked from a warm interpreter (tests/support/zygote.py) where that starts the same as a fresh
-``python -m busscrape``: the same entry point and exit codes, a second less of CPU per command."""
+``python -m busscrape``: the same entry point and exit codes, ~0.5 s less CPU per command."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ The suite runs a few hundred short commands (``status``, ``dlq``, ``dispatch``, 
 user would, each a process of its own. Most of a command's CPU is its imports (~0.5 s: pydantic
 settings, nats-py and aiohttp, rich, structlog), so on two cores they cost minutes of the suite.
 The zygote imports them once, per test process; each command is then a ``fork`` of it that sets
-its own argv, environment, working directory and stdio, runs the real entry point
-(``busscrape.cli.main``) and exits with its code, as ``python -m busscrape`` would: a real
+its own argv, environment, working directory and stdio, runs the real entry point (busscrape's
+``__main__``, through runpy) and exits with its code, as ``python -m busscrape`` would: a real
 process with its own state, only its imports already done.
 
 What a forked command cannot show, the fresh interpreter still runs: a test that sets a
