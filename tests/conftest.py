@@ -20,7 +20,6 @@ first.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from busscrape.bus import provision, topology
 from busscrape.bus.connection import Bus
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.settings import Settings
+from tests.support import environment
 from tests.support.chromium import launched
 from tests.support.clouds import Azurite, GcsEmulator, azurite_binary
 from tests.support.clouds import unavailable as emulator_unavailable
@@ -46,13 +46,11 @@ from tests.support.xdist import arrange
 if TYPE_CHECKING:
     from playwright.async_api import Browser
 
-# Read before the environment is cleaned below: whether PostgreSQL may be skipped.
-ENV_AT_START = dict(os.environ)
+pytest_plugins = ["tests.support.timeline"]
 
-# The tests never read the developer's own configuration.
-for _name in list(os.environ):
-    if _name.startswith("BUSSCRAPE_"):
-        del os.environ[_name]
+# Read before the environment is cleaned: whether PostgreSQL, emulators or containers may be skipped.
+ENV_AT_START = environment.AT_START
+environment.clean()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the node ids

@@ -31,6 +31,11 @@ def ran(name):
 def test_in_containers(i):
     ran(f"containers{i}")
 
+@pytest.mark.containers("compose")
+@pytest.mark.parametrize("i", range(3))
+def test_in_compose(i):
+    ran(f"compose{i}")
+
 @pytest.mark.long
 @pytest.mark.parametrize("i", range(3))
 def test_long(i):
@@ -60,5 +65,44 @@ def test_the_tests_of_one_group_run_on_one_worker(tmp_path: Path) -> None:
         name, worker = json.loads(line)
         workers.setdefault(name.rstrip("0123456789"), set()).add(worker)
     assert len(workers["containers"]) == 1, workers
+    assert len(workers["compose"]) == 1, workers
     assert len(workers["long"]) == 1, workers
     assert workers["free"], workers
+
+
+ENV_TESTS = '''
+import json, os
+import pytest
+from tests.conftest import ENV_AT_START
+
+@pytest.mark.parametrize("i", range(4))
+def test_sees(i):
+    with open(os.environ["WHERE"], "a") as out:
+        out.write(json.dumps([ENV_AT_START.get("BUSSCRAPE_CHAOS_SEED"), os.environ.get("BUSSCRAPE_CHAOS_SEED"),
+                              os.environ["PYTEST_XDIST_WORKER"]]) + "\\n")
+'''
+
+
+def test_every_worker_reads_the_variables_meant_for_the_tests_and_runs_without_the_rest(tmp_path: Path) -> None:
+    """The controller cleans BUSSCRAPE_* before xdist spawns the workers: BUSSCRAPE_REQUIRE_*,
+    BUSSCRAPE_CHAOS_SEED and BUSSCRAPE_TEST_TIMELINE must still reach them (a required container
+    test would otherwise skip on a worker), and the timeline gets a line for every test."""
+    (tmp_path / "conftest.py").write_text(CONFTEST + 'pytest_plugins = ["tests.support.timeline"]\n')
+    (tmp_path / "test_env.py").write_text(ENV_TESTS)
+    where, timeline = tmp_path / "where.jsonl", tmp_path / "timeline.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WHERE": str(where),
+           "BUSSCRAPE_CHAOS_SEED": "4242", "BUSSCRAPE_TEST_TIMELINE": str(timeline)}
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    seen = [json.loads(line) for line in where.read_text().splitlines()]
+    assert len(seen) == 4 and {worker for _, _, worker in seen} <= {"gw0", "gw1"}, seen
+    assert all(at_start == "4242" and now is None for at_start, now, _ in seen), seen
+    lines = [json.loads(line) for line in timeline.read_text().splitlines()]
+    assert sorted(line["test"].rsplit("::", 1)[1] for line in lines) == [f"test_sees[{i}]" for i in range(4)]
+    assert all(line["worker"] in ("gw0", "gw1") and line["end"] >= line["start"] for line in lines), lines

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.containers import Images, Stack, podman
+from tests.support.containers import STACK, Images, Stack, podman
 
-# The first test also waits for the session's image builds (minutes on a fresh podman store).
-pytestmark = [pytest.mark.slow, pytest.mark.containers, pytest.mark.timeout(1800)]
+# The first test also waits for the stack's image builds (minutes on a fresh podman store). A
+# group of its own: the stack holds the host's ports 4222, 8222 and 9000 for minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.containers("compose"), pytest.mark.timeout(1800)]
 
 
 def urls(prefix: str, count: int) -> list[str]:
@@ -25,6 +26,7 @@ def urls(prefix: str, count: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    images.build(*STACK)
     stack = Stack(tmp_path_factory.mktemp("compose"), site_delay=2.0)
     stack.discard()  # whatever an interrupted run left
     stack.up(workers=2)

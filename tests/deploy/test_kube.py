@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.containers import BASE, LIST_ARCHIVE, ROOT, Images, podman, wait_until
+from tests.support.containers import BASE, LIST_ARCHIVE, ROOT, STACK, Images, podman, wait_until
 from tests.support.net import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.containers, pytest.mark.timeout(1800)]
@@ -76,6 +76,7 @@ def remove_all() -> None:
 
 @pytest.fixture(scope="module")
 def kube(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    images.build(*STACK)
     folder = tmp_path_factory.mktemp("kube")
     remove_all()
     podman("network", "create", NETWORK)

@@ -15,12 +15,15 @@ where a skip would pass without having run them; ``scripts/bootstrap.sh test`` i
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,30 +81,60 @@ def image(name: str) -> str:
     return f"localhost/busscrape-{name}:{TAG}" if name != "busscrape" else f"localhost/busscrape:{TAG}"
 
 
+# What the compose stack and the Kubernetes pods run.
+STACK = ("nats", "moto", "dispatcher", "worker", "ingester")
+# The order builds go in: the role images first (their build stage is the all-in-one's too, so it
+# is built once and its layers serve the rest), then the stack's own, then the all-in-one.
+BUILD_ORDER = ("dispatcher", "worker", "ingester", "nats", "moto", "busscrape")
+# Marks each image with the run that built it: xdist's run id is the same on every worker.
+RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+RUN_LABEL = "io.busscrape.test-run"
+
+
 @dataclass
 class Images:
-    """What the session built, and how long each step took (seconds; printed with -rA)."""
+    """The images of this run, each built at most once by whichever xdist worker asks first (the
+    compose tests and the image tests run in groups of their own, side by side), and how long
+    each took on this worker, waiting for another worker's build included (seconds; -rA prints
+    them)."""
 
     timings: dict[str, float] = field(default_factory=dict)
 
+    def build(self, *names: str) -> None:
+        """The base (once per machine), then each image named that this run has not built yet,
+        in BUILD_ORDER. A lock per image makes a second worker wait for the first one's build and
+        take its result: two builds of the same steps at once would each do all the work."""
+        self._locked("base", self._base)
+        for name in sorted(names, key=BUILD_ORDER.index):
+            self._locked(name, lambda n=name: self._image(n))
+
     def tag(self, name: str) -> str:
+        """The image's tag, built by this run (first if need be)."""
+        self.build(name)
         return image(name)
 
-
-def build_all() -> Images:
-    """The base (once per machine), then every image, one build at a time."""
-    built = Images()
-    start = time.monotonic()
-    result = subprocess.run([str(ROOT / "scripts" / "base-image.sh"), BASE], capture_output=True, text=True,
-                            timeout=1800, env=environment())
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    built.timings["base"] = time.monotonic() - start
-    for name, dockerfile in {**IMAGES, **STACK_IMAGES}.items():
+    def _locked(self, name: str, build: Callable[[], None]) -> None:
+        if name in self.timings:
+            return
         start = time.monotonic()
-        podman("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={BASE}",
+        with open(Path(tempfile.gettempdir()) / f"busscrape-test-image-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            build()
+        self.timings[name] = time.monotonic() - start
+
+    def _base(self) -> None:
+        result = subprocess.run([str(ROOT / "scripts" / "base-image.sh"), BASE], capture_output=True, text=True,
+                                timeout=1800, env=environment())
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+    def _image(self, name: str) -> None:
+        label = podman("image", "inspect", "--format", f'{{{{index .Labels "{RUN_LABEL}"}}}}', image(name),
+                       check=False).stdout.strip()
+        if label == RUN:
+            return  # another worker of this run built it
+        dockerfile = {**IMAGES, **STACK_IMAGES}[name]
+        podman("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={BASE}", "--label", f"{RUN_LABEL}={RUN}",
                "-f", str(dockerfile.relative_to(ROOT)), "-t", image(name), ".", timeout=1800)
-        built.timings[name] = time.monotonic() - start
-    return built
 
 
 # Run in the S3 container (moto's image has boto3): every archived page's URL and attempt (meta.json).

@@ -11,9 +11,10 @@ each on a worker of its own, while the short ones fill the other workers around 
   modules and the short tests fill the other workers;
 - ``timing`` (a test that measures pace, e.g. politeness delays): one group for all of them, so
   they never load the machine for one another, handed out next;
-- ``containers`` (tests/deploy: podman images): one group, so the images are built once and one
-  compose stack is up at a time; the longest group of all (builds, then stacks), handed out first
-  with the ``long`` ones;
+- ``containers`` (tests/deploy: podman images): one group, and one more for each name given as
+  the marker's argument (``containers("compose")``: the compose stack, minutes long and holding
+  host ports), handed out first with the ``long`` ones; the groups run side by side and take
+  each image from whichever built it first (tests/support/containers.py, ``Images``);
 - a test using a fixture its own module shares between tests (``scope="module"``: one server
   for a whole module, state earlier tests left): one group per module, so that fixture is made
   once, not once per worker;
@@ -34,8 +35,9 @@ def group_of(item: pytest.Item) -> str | None:
         return f"long:{item.nodeid.split('::', 1)[0]}"
     if item.get_closest_marker("timing"):
         return "timing"
-    if item.get_closest_marker("containers"):
-        return "containers"  # one session's images, built once, one build at a time
+    containers = item.get_closest_marker("containers")
+    if containers:  # the named ones (the compose stack) apart from the rest
+        return f"containers:{containers.args[0]}" if containers.args else "containers"
     if _uses_a_module_fixture(item):
         return f"module:{item.nodeid.split('::', 1)[0]}"
     return None

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Read a parallel run's timeline (``BUSSCRAPE_TEST_TIMELINE``, tests/support/timeline.py): each
+worker's busy time and last end, the idle gaps, and the longest tests and groups.
+
+    BUSSCRAPE_TEST_TIMELINE=/tmp/t.jsonl make test; scripts/timeline.py /tmp/t.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+
+def main(path: str, top: int = 15) -> None:
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    t0 = min(r["start"] for r in rows)
+    by_worker: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_worker[r["worker"]].append(r)
+    print(f"{len(rows)} tests, makespan {max(r['end'] for r in rows) - t0:.0f} s")
+    for worker, tests in sorted(by_worker.items()):
+        busy = sum(r["end"] - r["start"] for r in tests)
+        print(f"{worker}: {len(tests)} tests, busy {busy:.0f} s, first {min(r['start'] for r in tests) - t0:.0f} s, "
+              f"last end {max(r['end'] for r in tests) - t0:.0f} s")
+    print("longest tests:")
+    for r in sorted(rows, key=lambda r: r["start"] - r["end"])[:top]:
+        print(f"  {r['end'] - r['start']:6.1f} s  {r['worker']}  at {r['start'] - t0:5.0f} s  {r['test']}")
+    modules: dict[str, float] = defaultdict(float)
+    for r in rows:
+        modules[r["test"].split("::", 1)[0]] += r["end"] - r["start"]
+    print("longest modules:")
+    for name, total in sorted(modules.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {total:6.1f} s  {name}")
+    print("last to end:")
+    for r in sorted(rows, key=lambda r: -r["end"])[:8]:
+        print(f"  ends {r['end'] - t0:5.0f} s  ({r['end'] - r['start']:5.1f} s)  {r['worker']}  {r['test']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
