@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Read a parallel run's timeline (``BUSSCRAPE_TEST_TIMELINE``, tests/support/timeline.py): each
-worker's busy time and last end, the idle gaps, and the longest tests and groups.
+worker's busy time and last end, the longest tests and modules, the tests that used the most CPU,
+and the tests that ended last.
 
     BUSSCRAPE_TEST_TIMELINE=/tmp/t.jsonl make test; scripts/timeline.py /tmp/t.jsonl
 """
@@ -26,6 +27,16 @@ def main(path: str, top: int = 15) -> None:
     print("longest tests:")
     for r in sorted(rows, key=lambda r: r["start"] - r["end"])[:top]:
         print(f"  {r['end'] - r['start']:6.1f} s  {r['worker']}  at {r['start'] - t0:5.0f} s  {r['test']}")
+    if all("cpu" in r for r in rows):
+        print(f"CPU in the tests: {sum(r['cpu'] for r in rows):.0f} s; the most:")
+        for r in sorted(rows, key=lambda r: -r["cpu"])[:top]:
+            print(f"  {r['cpu']:6.1f} s CPU in {r['end'] - r['start']:6.1f} s  {r['test']}")
+        cpu: dict[str, float] = defaultdict(float)
+        for r in rows:
+            cpu[r["test"].split("::", 1)[0]] += r["cpu"]
+        print("most CPU by module:")
+        for name, total in sorted(cpu.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"  {total:6.1f} s  {name}")
     modules: dict[str, float] = defaultdict(float)
     for r in rows:
         modules[r["test"].split("::", 1)[0]] += r["end"] - r["start"]

@@ -65,8 +65,10 @@ async def test_run_archives_warcs_packs_a_wacz_and_pywb_replays_it(tmp_path, liv
     urls = [live.url(p) for p in ("/", "/second", "/third")]
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     env = run_env(tmp_path, live)
+    # networkidle: the pages render from a fetch that may still be in flight at `load` (on a busy
+    # machine it was, and the WARC rightly had no /data.json), and a replay needs that response.
     proc = cli(["run", "urls.txt", "--artifacts", "html,screenshot,har,warc", "--wacz", "crawl",
-                "--workers", "1"], tmp_path, env)
+                "--workers", "1", "--wait-until", "networkidle"], tmp_path, env)
     output, _ = await asyncio.to_thread(proc.communicate, timeout=300)
     assert proc.returncode == 0, output[-3000:]
     assert "wacz: wacz/crawl.wacz · 3 pages" in output, output[-2000:]

@@ -1,11 +1,12 @@
-"""When each test ran, on which xdist worker (``BUSSCRAPE_TEST_TIMELINE=path``): one JSON line a
-test, appended by every worker, so the makespan of a parallel run can be read afterwards
+"""When each test ran, on which xdist worker, and the CPU it used (``BUSSCRAPE_TEST_TIMELINE=path``):
+one JSON line a test, appended by every worker, so the makespan of a parallel run can be read afterwards
 (``scripts/timeline.py path``: the busiest worker, the tests that ended last, idle workers)."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from collections.abc import Generator
 
@@ -18,12 +19,20 @@ PATH = AT_START.get("BUSSCRAPE_TEST_TIMELINE")
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
-    start = time.time()
+    start, cpu = time.time(), _cpu()
     try:
         return (yield)
     finally:
         if PATH:
             line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-                    "start": start, "end": time.time()}
+                    "start": start, "end": time.time(), "cpu": _cpu() - cpu}
             with open(PATH, "a", encoding="utf-8") as out:
                 out.write(json.dumps(line) + "\n")
+
+
+def _cpu() -> float:
+    """CPU seconds (user + sys) of this process and of the children it has reaped: a daemon or a
+    command a test ran counts once it has exited; what lives on (the session's Chromium, a
+    container's processes under conmon) is not counted."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
