@@ -3,10 +3,10 @@
 
 # The suite mostly waits (timers, Chromium, servers), so it can run in parallel: pytest-xdist with
 # more workers than cores; tests/support/xdist.py groups and orders the tests (the long runs
-# first, each on a worker of its own; the tests that measure time one after another). Four
-# workers on two cores: the whole suite in ~15 minutes instead of ~36 (docs/development.md, "Tests
-# in parallel"); make test PARALLEL= runs it serially.
-PARALLEL ?= -n 4 --dist loadgroup
+# first, each on a worker of its own; the tests that measure time one after another). Five
+# workers on two cores: the whole suite in ~13–14 minutes instead of ~36 (docs/development.md,
+# "Tests in parallel"); make test PARALLEL= runs it serially.
+PARALLEL ?= -n 5 --dist loadgroup
 
 demo:
 	@scripts/bootstrap.sh
