@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from busscrape.bus import names, provision, topology
+from busscrape.worker.browser.pool import running
 from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, results, wait_until
 from tests.support.procs import env_for, kill9, leftover_chromium, spawn
@@ -223,7 +224,7 @@ async def test_the_browser_is_recycled_after_n_tasks(bus, wsettings, site, stamp
         old_alive = []
 
         async def recorded_launch():
-            old_alive.append(os.path.exists(f"/proc/{browsers[-1]}"))
+            old_alive.append(running(browsers[-1]))  # a zombie has exited: only its reaping is left
             await launch()
             browsers.append(pool.pids()[0])
 

@@ -129,11 +129,14 @@ class BrowserPool:
         self._tabs.clear()
         for tab in tabs:
             await tab.close()
+        processes = self.pids()
         browser, self._browser = self._browser, None
         if browser is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(browser.close(), 15)
         self._kill_leftovers()
+        # A SIGKILL takes effect a moment later: a relaunch must not run beside the old Chromium.
+        await exited(processes)
 
     async def _ensure(self) -> Browser:
         async with self._launch_lock:
@@ -335,3 +338,21 @@ class BrowserPool:
         for pid in self.pids():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def exited(pids: list[int], timeout: float = 10.0) -> None:
+    """Wait (up to ``timeout``) until each process has exited: gone, or a zombie (its memory and
+    CPU given back; only its parent's reaping is left)."""
+    for _ in range(int(timeout / 0.05)):  # polled: /proc offers nothing to wait on
+        if not any(running(pid) for pid in pids):
+            return
+        await asyncio.sleep(0.05)
+
+
+def running(pid: int) -> bool:
+    """Whether the process exists and has not exited (``/proc/PID/stat``'s state is not ``Z``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
