@@ -11,7 +11,8 @@ import orjson
 import pytest
 
 import busscrape
-from tests.e2e.test_run import children_of, pid_files, running
+from busscrape.ops.lifeline import running
+from tests.e2e.test_run import children_of, pid_files
 from tests.support import crawl_site, pages
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -18,6 +18,7 @@ from aiohttp import web
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
 from busscrape.model.messages import ScrapeResult, ScrapeTask, decode
+from busscrape.ops.lifeline import running
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from busscrape.status.records import StatusBoard
 from tests.conftest import make_settings
@@ -274,14 +275,6 @@ async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_no_attempt_spent(
 
 def pid_files(state: Path) -> dict[str, int]:
     return {p.stem: json.loads(p.read_text())["pid"] for p in (state / "pids").glob("*.json")}
-
-
-def running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def children_of(pid: int) -> dict[int, str]:

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from busscrape.bus import names, provision, topology
-from busscrape.worker.browser.pool import running
+from busscrape.ops.lifeline import running
 from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, results, wait_until
 from tests.support.procs import env_for, kill9, leftover_chromium, spawn

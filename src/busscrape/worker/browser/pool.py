@@ -27,6 +27,7 @@ from playwright.async_api import Browser, Playwright, async_playwright
 from playwright.async_api import Error as PlaywrightError
 
 from busscrape.errors import BrowserCrashed
+from busscrape.ops.lifeline import running
 from busscrape.settings import BrowserSettings
 from busscrape.worker.browser.chromium import PROXIED_ARGS, launch_args, launch_env, require_chromium
 from busscrape.worker.browser.tabs import Tab
@@ -348,11 +349,3 @@ async def exited(pids: list[int], timeout: float = 10.0) -> None:
             return
         await asyncio.sleep(0.05)
 
-
-def running(pid: int) -> bool:
-    """Whether the process exists and has not exited (``/proc/PID/stat``'s state is not ``Z``)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
