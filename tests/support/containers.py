@@ -15,6 +15,7 @@ where a skip would pass without having run them; ``scripts/bootstrap.sh test`` i
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -81,10 +82,8 @@ def podman(*args: str, timeout: float = 300, check: bool = True, cwd: Path = ROO
 
 
 def _renice(increment: int) -> None:
-    try:
+    with contextlib.suppress(PermissionError):
         os.nice(increment)
-    except PermissionError:
-        pass
 
 
 def image(name: str) -> str:

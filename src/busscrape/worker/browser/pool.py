@@ -348,4 +348,3 @@ async def exited(pids: list[int], timeout: float = 10.0) -> None:
         if not any(running(pid) for pid in pids):
             return
         await asyncio.sleep(0.05)
-
