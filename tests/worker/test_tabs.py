@@ -213,6 +213,25 @@ async def test_prewarm_with_ready_returns_at_the_first_tab_and_tasks_get_the_res
             assert pool.contexts == 3
 
 
+async def test_with_rest_after_the_other_tabs_open_only_once_the_first_task_is_back():
+    async with BrowserPool(BrowserSettings(), proxy_url=None, recycle_after_tasks=1000, recycle_rss=2**40) as pool:
+        await pool.prewarm(3, ready=1, rest_after=600)
+        async with asyncio.timeout(60), pool.tab():
+            # The first task renders alone: a renderer starts in well under this on any machine.
+            await asyncio.sleep(3)
+            assert pool.contexts == 1
+        async with asyncio.timeout(60), pool.tab() as a, pool.tab() as b, pool.tab() as c:
+            assert len({a, b, c}) == 3
+            assert pool.contexts == 3
+    async with BrowserPool(BrowserSettings(), proxy_url=None, recycle_after_tasks=1000, recycle_rss=2**40) as pool:
+        # A first task that takes longer than rest_after does not hold the other slots.
+        await pool.prewarm(3, ready=1, rest_after=0.5)
+        async with asyncio.timeout(60), pool.tab():
+            async with pool.tab() as b, pool.tab() as c:
+                assert b is not c
+                assert pool.contexts == 3
+
+
 # Task A: its own headers, viewport and blocked resource types, and a frame of another origin
 # that stores something there.
 DRESSED = """<title>dressed</title><img src=/a.png><iframe src="{frame}"></iframe><script>

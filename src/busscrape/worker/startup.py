@@ -7,8 +7,12 @@ connects, checks the streams and imports the rest of the worker while Chromium c
 (``cli/worker.py``); ``Worker.setup`` then takes it over. A worker built without one starts
 its own in ``setup``, as before.
 
-Only the first tab is waited for; the other slots' tabs open in the background
-(``BrowserPool.prewarm(ready=1)``), so the worker binds to TASKS as soon as one page can render.
+Only the first tab is waited for, so the worker binds to TASKS as soon as one page can render;
+the other slots' tabs open in the background once the first task's tab is back, or after
+``FIRST_PAGE_ALONE`` seconds (``BrowserPool.prewarm(ready=1, rest_after=...)``). On two cores
+three renderers starting and three pages loading beside the first page made it take about
+twice as long (0.55 s against 0.21 s from the first tab to the first result, median of 4 cold
+runs each, ``bench/cold_start.py``), and a run's first page is what its user waits for.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from busscrape.net.egresses import Egresses
 from busscrape.net.policy import NetworkPolicy
 from busscrape.settings import Settings
 from busscrape.worker.browser.pool import BrowserPool
+
+FIRST_PAGE_ALONE = 1.0
+"""Seconds a worker's first page renders alone at most (a slow first page does not hold the
+other slots for longer)."""
 
 
 class BrowserStart:
@@ -50,7 +58,7 @@ class BrowserStart:
             BrowserPool(self.settings.browser, proxy_url=egress.url, recycle_after_tasks=w.recycle_after_tasks,
                         recycle_rss=w.recycle_rss, isolation=w.isolation, tab_max_uses=w.tab_max_uses,
                         tab_wipe_delay=w.tab_wipe_delay, idle_tabs=w.concurrency, driver=self.driver))
-        await pool.prewarm(w.concurrency, ready=1)
+        await pool.prewarm(w.concurrency, ready=1, rest_after=FIRST_PAGE_ALONE)
         return self.egresses, pool
 
     async def __aenter__(self) -> tuple[Egresses, BrowserPool]:

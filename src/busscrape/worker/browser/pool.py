@@ -74,6 +74,7 @@ class BrowserPool:
         self._wanted = asyncio.Event()  # set while a task waits for a tab: deferred wipes start now
         self._waiting = 0
         self._shelved = 0
+        self._returned = asyncio.Event()  # set once a task's tab has come back (wiped or closed)
 
     async def __aenter__(self) -> BrowserPool:
         if self._entered:
@@ -191,13 +192,17 @@ class BrowserPool:
             else:
                 await self._retire(tab)
 
-    async def prewarm(self, count: int, *, ready: int | None = None) -> None:
+    async def prewarm(self, count: int, *, ready: int | None = None, rest_after: float = 0.0) -> None:
         """Open ``count`` tabs ahead of the first tasks (a new tab costs a renderer start).
 
         With ``ready``, return once that many are open and let the others open in the
         background: a worker's first task needs one tab, and on a small machine four renderers
         starting at once take several times as long as one. A task that finds no tab ready
-        waits for one of those (as for a wipe) instead of opening its own."""
+        waits for one of those (as for a wipe) instead of opening its own.
+
+        With ``rest_after``, the others start opening only once a task's tab has come back or
+        that many seconds have passed: the first page then renders alone, without renderers
+        starting and pages loading beside it."""
         if self.isolation != "tab" or count < 1:
             return
         browser = await self._ensure()
@@ -206,11 +211,15 @@ class BrowserPool:
                                         for _ in range(first)), return_exceptions=True)
         self._tabs.setdefault((None, None), []).extend(t for t in opened if isinstance(t, Tab))
         for _ in range(count - first):
-            warming = asyncio.create_task(self._warm(browser))
+            warming = asyncio.create_task(self._warm(browser, rest_after))
             self._wiping.add(warming)  # on its way to the shelf, like a tab being wiped
             warming.add_done_callback(self._wiping.discard)
 
-    async def _warm(self, browser: Browser) -> None:
+    async def _warm(self, browser: Browser, after: float) -> None:
+        if after > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(after):
+                    await self._returned.wait()
         try:
             tab = await Tab.open(browser, user_agent=None, generation=self.restarts)
         except PlaywrightError as exc:
@@ -285,6 +294,7 @@ class BrowserPool:
     async def _done(self, tab: Tab) -> None:
         """A task's tab is back (idle or closed): count it, and maybe recycle the browser."""
         self._open -= 1
+        self._returned.set()
         self._check_age()
         async with self._idle:
             self._idle.notify_all()
