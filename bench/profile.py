@@ -11,7 +11,7 @@ With ``--py-spy`` the busscrape run is started under ``py-spy record --subproces
 stacks; py-spy from PyPI) and the functions with the most samples in the worker's and the
 ingester's Python are printed.
 
-    .venv/bin/python bench/profile.py --pages 60 [--py-spy] [--no-full-page]
+    .venv/bin/python bench/profile.py --pages 60 [--py-spy] [--no-full-page] [--artifacts html,screenshot,har,text,warc]
 """
 
 from __future__ import annotations
@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--py-spy", action="store_true")
     parser.add_argument("--raw-out", default=None, help="keep py-spy's raw stacks here")
     parser.add_argument("--no-full-page", action="store_true", help="busscrape with a viewport screenshot, like (d)")
+    parser.add_argument("--artifacts", default=None, help="busscrape run --artifacts (html,screenshot,har,text,warc)")
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[1]
     with BenchSite(pages=997) as site, tempfile.TemporaryDirectory() as tmp:
@@ -162,6 +163,8 @@ def main() -> None:
         cmd = [sys.executable, "-m", "busscrape", "run", str(workdir / "urls.txt"), "--workers", "1"]
         if args.no_full_page:
             cmd.append("--no-full-page")
+        if args.artifacts:
+            cmd += ["--artifacts", args.artifacts]
         raw = workdir / "py-spy.txt"
         if args.py_spy:
             spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")

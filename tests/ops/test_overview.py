@@ -84,6 +84,41 @@ async def test_status_json_lag_equals_jsz_pending_plus_ack_pending_under_a_backl
     assert await workers_lag_from_jsz(nats_server) == 0
 
 
+async def test_a_monitoring_answer_over_its_bound_is_refused_and_the_lag_read_from_the_jetstream_api(
+        bus, tmp_path, nats_server):
+    from aiohttp import web
+
+    from busscrape.ops.nats_server import MAX_JSZ_BYTES
+
+    settings = make_settings(tmp_path, nats_server.url)
+    await provision.apply(bus.js, topology.load(settings))
+    # A /jsz that would parse, and name the consumer, but is past the bound: it must not be read.
+    real = await asyncio.to_thread(nats_server.jsz, acc="$G", consumers="true", config="true")
+    huge = orjson.dumps({**real, "padding": "x" * MAX_JSZ_BYTES})
+
+    async def jsz(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for start in range(0, len(huge), 2**20):  # in pieces, with no length up front
+            await resp.write(huge[start:start + 2**20])
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/jsz", jsz)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        proc = await busscrape(nats_server.url, "status", "--json", "--monitor-url", f"http://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()
+    assert proc.returncode == 0, proc.stderr
+    lag = orjson.loads(proc.stdout)["lag"]
+    assert lag["source"] == "jetstream_api"
+    assert "larger than 8 MiB" in lag["note"], lag
+
+
 async def _equals(value, expected) -> bool:
     return await value == expected
 

@@ -23,6 +23,10 @@ from typing import Any
 from busscrape.errors import BinaryNotFound, ConfigurationError
 from busscrape.ops import lifeline
 
+# One account's /jsz with consumers and configs: ~1 KB a stream or consumer, so busscrape's own
+# take tens of KB. A larger answer is refused (`busscrape status` then reads the lag from the
+# JetStream API), not read into memory whatever its size.
+MAX_JSZ_BYTES = 8 * 2**20
 # The Go runtime's soft memory limit as a share of the memory a server is given (what the NATS
 # Helm chart sets from the container's limit): freed heap goes back to the system before the
 # limit, instead of sitting in RSS (~2 KB of RSS per queued task without it, for ~260 B of heap).
@@ -219,8 +223,11 @@ class EmbeddedNatsServer:
         """The server's ``/jsz`` monitoring document (what KEDA's scaler reads)."""
         query = "&".join(f"{k}={v}" for k, v in params.items())
         with urllib.request.urlopen(f"{self.monitor_url}/jsz?{query}", timeout=5) as resp:
-            doc: dict[str, Any] = json.loads(resp.read())
-            return doc
+            body = resp.read(MAX_JSZ_BYTES + 1)
+        if len(body) > MAX_JSZ_BYTES:
+            raise ValueError(f"{self.monitor_url}/jsz: the document is larger than {MAX_JSZ_BYTES // 2**20} MiB")
+        doc: dict[str, Any] = json.loads(body)
+        return doc
 
 
 def free_port(host: str) -> int:
