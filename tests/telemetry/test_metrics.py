@@ -159,3 +159,31 @@ async def test_one_trace_id_follows_a_task_from_dispatch_through_worker_and_inge
     assert {line["event"] for line in about_task} == {"task.done", "result.archived"}
     for line in about_task:
         assert line["trace_id"] == trace_id and line["task_id"] and line["url"] and line["attempt"] == 1
+
+
+UNEXPORTED = """
+import sys
+from busscrape.settings import TelemetrySettings
+from busscrape.telemetry.metrics import Telemetry
+
+t = Telemetry.of_daemon("worker", TelemetrySettings(http_port=None))
+t.tasks.add(1, {"outcome": "done"})
+t.render_duration.record(0.5)
+t.gauge("in_flight", lambda: [(1.0, {"service": "worker"})])
+t.close()
+loaded = sorted(m for m in sys.modules if m.startswith(("prometheus_client", "opentelemetry.sdk")))
+exported = Telemetry.of_daemon("worker", TelemetrySettings(http_port=9464))
+exported.tasks.add(1, {"outcome": "done"})
+print(loaded, b"busscrape_tasks_total" in exported.exposition())
+"""
+
+
+def test_a_daemon_without_a_metrics_port_records_into_no_ops_and_loads_no_sdk():
+    # The daemons `busscrape run` starts serve no /metrics: the SDK and prometheus_client would
+    # only cost their start-up (~0.1 s of CPU each, beside their Chromium on two cores).
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", UNEXPORTED], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[]", "True"]

@@ -61,5 +61,6 @@ async def ingest(s: Settings, *, archive: str | None = None, lifeline: int | Non
         structlog.get_logger("busscrape.cli").info("ingester.archive", storage=storage.url, prefix=s.archive.prefix,
                                                    compress=s.archive.compress)
         configure_tracing("ingester")
-        outcomes: Counter[str] = await serve(Ingester(bus, storage, s, Telemetry("ingester")), lifeline)
+        telemetry = Telemetry.of_daemon("ingester", s.telemetry)
+        outcomes: Counter[str] = await serve(Ingester(bus, storage, s, telemetry), lifeline)
         return outcomes

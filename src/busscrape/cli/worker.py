@@ -62,7 +62,7 @@ def worker_cmd(
                 needs = names.REQUIRED if wait_streams else names.WORKER_NEEDS
                 await provision.require(bus.js, topology.load(s), needs, wait=wait_streams or 0.0)
                 configure_tracing("worker")
-                await serve(Worker(bus, s, Telemetry("worker"), browser=browser), lifeline)
+                await serve(Worker(bus, s, Telemetry.of_daemon("worker", s.telemetry), browser=browser), lifeline)
         finally:
             if browser is not None:
                 await browser.close()

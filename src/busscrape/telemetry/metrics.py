@@ -25,13 +25,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-import prometheus_client
-from opentelemetry import trace
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from busscrape.settings import TelemetrySettings
 
 RENDER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 
@@ -39,12 +40,24 @@ RENDER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 class Telemetry:
     """The instruments of one busscrape process."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, *, exported: bool = True) -> None:
+        """With ``exported=False`` (a process that serves no ``/metrics``: the daemons ``busscrape
+        run`` starts) the instruments are the OpenTelemetry API's no-ops, and neither the SDK nor
+        prometheus_client is imported: ~0.1 s of CPU in the start of such a process, which
+        competes with its Chromium for two cores."""
         self.service = service
-        self.reader = PrometheusMetricReader(disable_target_info=True)
-        self.provider = MeterProvider(metric_readers=[self.reader],
-                                      resource=Resource.create({"service.name": f"busscrape-{service}"}))
-        meter = self.provider.get_meter("busscrape")
+        self.provider: MeterProvider | None = None
+        meter: Meter
+        if exported:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.resources import Resource
+
+            self.provider = MeterProvider(metric_readers=[PrometheusMetricReader(disable_target_info=True)],
+                                          resource=Resource.create({"service.name": f"busscrape-{service}"}))
+            meter = self.provider.get_meter("busscrape")
+        else:
+            meter = NoOpMeterProvider().get_meter("busscrape")
         self.tasks = meter.create_counter("busscrape_tasks", description="Tasks a worker finished, by outcome")
         self.render_duration = meter.create_histogram(
             "busscrape_render_duration", unit="s", description="Time from fetching a task to its result published",
@@ -73,6 +86,11 @@ class Telemetry:
         meter.create_observable_gauge("busscrape_host_cooling", [self._observe("host_cooling")], unit="s",
                                       description="Seconds a host still cools for the whole fleet (a 429/503), by host")
 
+    @classmethod
+    def of_daemon(cls, service: str, settings: TelemetrySettings) -> Telemetry:
+        """A daemon's: exported when it serves ``/metrics`` (``BUSSCRAPE_TELEMETRY__HTTP_PORT``)."""
+        return cls(service, exported=settings.http_port is not None)
+
     def _observe(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(_: CallbackOptions) -> Iterable[Observation]:
             return [Observation(value, attrs) for source in self._gauges.get(name, []) for value, attrs in source()]
@@ -86,12 +104,17 @@ class Telemetry:
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition of this process."""
+        if self.provider is None:
+            raise RuntimeError(f"the {self.service}'s metrics are not exported (Telemetry(exported=False))")
+        import prometheus_client
+
         return prometheus_client.generate_latest(prometheus_client.REGISTRY)
 
     def close(self) -> None:
         """Stop exporting (the reader takes its collector out of the process registry)."""
-        with contextlib.suppress(Exception):  # shutting down twice is not worth a crash at exit
-            self.provider.shutdown()
+        if self.provider is not None:
+            with contextlib.suppress(Exception):  # shutting down twice is not worth a crash at exit
+                self.provider.shutdown()
 
 
 def configure_tracing(service: str) -> bool:
@@ -106,7 +129,9 @@ def configure_tracing(service: str) -> bool:
               or os.environ.get("OTEL_TRACES_EXPORTER", "").lower() == "otlp")
     if not wanted or os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return False
+    from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
