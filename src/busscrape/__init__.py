@@ -25,6 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# Before anything of busscrape can import nats-py: its WebSocket transport's aiohttp on first use.
+from busscrape import natsimport as _natsimport
+
+_natsimport.install()
+
 _EXPORTS = {
     "Bus": "busscrape.bus.connection",
     "Dispatcher": "busscrape.dispatch.dispatcher",
