@@ -20,10 +20,12 @@ import builtins
 import importlib
 import sys
 from collections.abc import Mapping, Sequence
-from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec, PathFinder
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # importlib.abc imports importlib.resources and tempfile: 10 ms in every command's start
+    from importlib.abc import Loader
 
 TRANSPORT = "nats.aio.transport"
 ON_FIRST_USE = ("aiohttp", "multidict")
@@ -50,7 +52,7 @@ def _import_deferring(name: str, globals: Mapping[str, object] | None = None,
     return builtins.__import__(name, globals, locals, fromlist, level)
 
 
-class _TransportLoader(Loader):
+class _TransportLoader:
     """The transport module's own loader, run with the deferring ``__import__``."""
 
     def __init__(self, loader: Loader) -> None:
@@ -67,14 +69,14 @@ class _TransportLoader(Loader):
         return getattr(self._loader, name)
 
 
-class _TransportFinder(MetaPathFinder):
+class _TransportFinder:
     def find_spec(self, fullname: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != TRANSPORT:
             return None
         spec = PathFinder.find_spec(fullname, path, target)
         if spec is not None and spec.loader is not None:
-            spec.loader = _TransportLoader(spec.loader)
+            spec.loader = cast("Loader", _TransportLoader(spec.loader))
         return spec
 
 
