@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Before anything of busscrape can import nats-py: its WebSocket transport's aiohttp on first use.
-from busscrape import natsimport as _natsimport
+# Before anything of busscrape imports nats-py or structlog: what they import for features busscrape
+# processes seldom use (WebSockets, rich tracebacks), imported on first use.
+from busscrape import optional_imports as _optional_imports
 
-_natsimport.install()
+_optional_imports.install()
 
 _EXPORTS = {
     "Bus": "busscrape.bus.connection",

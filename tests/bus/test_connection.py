@@ -68,7 +68,7 @@ asyncio.run(main())
 
 
 def test_nats_py_loads_aiohttp_only_for_a_websocket_connection_and_it_works(tmp_path):
-    # busscrape.natsimport: nats-py's transport gets aiohttp on first use, not at import.
+    # busscrape.optional_imports: nats-py's transport gets aiohttp on first use, not at import.
     import subprocess
     import sys
 

@@ -62,3 +62,40 @@ def test_console_logs_show_escape_sequences_instead_of_obeying_them(captured):
         log.exception("render.failed")
     text = out.getvalue()
     assert "\x1b" not in text and "\x9b" not in text and text.count("x1b") >= 12
+
+
+RICH_ON_FIRST_USE = """
+import io, json, sys
+from busscrape.telemetry import logs  # busscrape first, as in a busscrape process
+import structlog
+
+lines = {}
+for fmt in ("console", "json"):
+    out = io.StringIO()
+    logs.configure(fmt, stream=out)
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        structlog.get_logger("t").exception("boom", secret_token="hunter2")
+    lines[fmt] = out.getvalue()
+before = "rich" in sys.modules
+rich_box = io.StringIO()
+try:
+    1 / 0
+except ZeroDivisionError:
+    structlog.dev.rich_traceback(rich_box, sys.exc_info())  # the stand-in gives the real thing
+print(json.dumps([before, "rich" in sys.modules, "ZeroDivisionError" in lines["console"],
+                  "ZeroDivisionError" in json.loads(lines["json"])["exception"], "hunter2" in str(lines),
+                  "Traceback" in rich_box.getvalue() and "\u256d" in rich_box.getvalue()]))
+"""
+
+
+def test_logging_an_exception_loads_no_rich_and_structlog_still_gets_it_when_asked():
+    # busscrape.optional_imports: structlog imports rich at import; the daemons never use it.
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", RICH_ON_FIRST_USE], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [False, True, True, True, False, True]
