@@ -48,10 +48,13 @@ class _OnFirstUse:
 
     def __init__(self, name: str) -> None:
         self._name = name
+        self._package: ModuleType | None = None
 
     def __getattr__(self, attr: str) -> Any:
-        importlib.import_module(self._name)
-        return getattr(sys.modules[self._name.partition(".")[0]], attr)
+        if self._package is None:  # once: nats-py reads aiohttp's names for every WebSocket frame
+            importlib.import_module(self._name)
+            self._package = sys.modules[self._name.partition(".")[0]]
+        return getattr(self._package, attr)
 
     def __repr__(self) -> str:
         return f"<{self._name}, imported on first use>"
@@ -66,7 +69,7 @@ class _NameOnFirstUse:
         self._name = name
 
     def _real(self) -> Any:
-        return getattr(importlib.import_module(self._module), self._name)
+        return getattr(importlib.import_module(self._module), self._name)  # rich's tracebacks: seldom
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._real()(*args, **kwargs)

@@ -224,10 +224,16 @@ class EmbeddedNatsServer:
         query = "&".join(f"{k}={v}" for k, v in params.items())
         with urllib.request.urlopen(f"{self.monitor_url}/jsz?{query}", timeout=5) as resp:
             body = resp.read(MAX_JSZ_BYTES + 1)
-        if len(body) > MAX_JSZ_BYTES:
-            raise ValueError(f"{self.monitor_url}/jsz: the document is larger than {MAX_JSZ_BYTES // 2**20} MiB")
-        doc: dict[str, Any] = json.loads(body)
+        doc: dict[str, Any] = json.loads(within_jsz_bound(body))
         return doc
+
+
+def within_jsz_bound(body: bytes) -> bytes:
+    """``body``, a ``/jsz`` answer read up to ``MAX_JSZ_BYTES + 1``, or ``ValueError`` if it
+    went past the bound."""
+    if len(body) > MAX_JSZ_BYTES:
+        raise ValueError(f"the /jsz document is larger than {MAX_JSZ_BYTES // 2**20} MiB")
+    return body
 
 
 def free_port(host: str) -> int:

@@ -42,7 +42,7 @@ from busscrape.deadletters.queue import DeadLetterQueue, LetterFilter
 from busscrape.errors import StreamsMissing, said
 from busscrape.model.messages import decode, utcnow
 from busscrape.net.checked import read_up_to
-from busscrape.ops.nats_server import MAX_JSZ_BYTES
+from busscrape.ops.nats_server import MAX_JSZ_BYTES, within_jsz_bound
 from busscrape.worker.backpressure import HIGH_WATER, fill_of
 from busscrape.worker.fleet_gate import Cooling, cooling_hosts, slots_by_worker
 
@@ -282,9 +282,7 @@ class Overview:
             async with self._http.get(url, params=params) as resp:
                 resp.raise_for_status()
                 body = await read_up_to(resp.content, MAX_JSZ_BYTES + 1)
-            if len(body) > MAX_JSZ_BYTES:
-                raise ValueError(f"the document is larger than {MAX_JSZ_BYTES // 2**20} MiB")
-            return lag_from_jsz(orjson.loads(body), self.account, *LAG_CONSUMER)
+            return lag_from_jsz(orjson.loads(within_jsz_bound(body)), self.account, *LAG_CONSUMER)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, LookupError, ValueError) as exc:
             log.warning("status.jsz_failed", url=url, account=self.account, error=said(exc))
             return said(exc)
