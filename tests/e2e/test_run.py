@@ -292,19 +292,26 @@ def children_of(pid: int) -> dict[int, str]:
 
 async def test_a_killed_run_takes_its_daemons_and_server_with_it(tmp_path, site):
     proc = await run_until_a_page_hangs(tmp_path, site)
-    children = children_of(proc.pid)
-    assert len(children) == 3, children  # nats-server, worker-1, ingester-1
+    children = children_of(proc.pid)  # nats-server, the fork server (ops.forks), its resource tracker
+    forked = {pid: cmd for child in children for pid, cmd in children_of(child).items()}
+    daemons = pid_files(tmp_path / "state")
+    assert sorted(daemons) == ["ingester-1", "nats-server", "worker-1"]
+    # The daemons are forks of the fork server, the server a child of the run.
+    assert set(daemons.values()) == set(forked) | {pid for pid, cmd in children.items() if "nats-server" in cmd}
+    assert len(children) == 3, children
+    # Each in a session of its own, as before they were forked: a Ctrl-C at the terminal is the run's.
+    assert all(os.getsid(pid) == pid for pid in daemons.values())
+    everything = {**children, **forked}
     proc.send_signal(signal.SIGKILL)  # the run alone, not its children (they are in their own sessions)
     proc.wait(10)
     try:
         for _ in range(600):
-            if not any(running(pid) for pid in children):
+            if not any(running(pid) for pid in everything):
                 break
             await asyncio.sleep(0.1)
-        assert [cmd for pid, cmd in children.items() if running(pid)] == []
-        assert set(pid_files(tmp_path / "state").values()) == set(children)  # what a later run would check
+        assert [cmd for pid, cmd in everything.items() if running(pid)] == []  # the fork server too
     finally:
-        for pid in children:
+        for pid in everything:
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
 

@@ -7,6 +7,8 @@ SIGKILLed or crashes. Three layers:
 - **Parent-death signal** (Linux): each child asks the kernel for SIGTERM when its parent goes
   (``prctl(PR_SET_PDEATHSIG)``, set between fork and exec). The signal follows the *thread* that
   forked, so children are started from the event loop's thread, never from a worker thread.
+  (The command line's daemons are forks of a fork server that outlives them, ``ops.forks``:
+  they keep the other two layers.)
 - **Lifeline** (everywhere, busscrape daemons only): the parent holds the write end of a pipe, the
   child watches the read end (``--lifeline FD``). When the parent dies the kernel closes its end
   and the child reads end-of-file: it stops, handing its tasks back.

@@ -1,7 +1,8 @@
 """Local worker and ingester processes for ``busscrape run``: started, watched, stopped.
 
 Each daemon is ``python -m busscrape worker|ingester`` in its own process (one Chromium per
-worker process; both cores busy), configured through the environment with exactly the
+worker process; both cores busy) — under the command line a fork of its warm fork server
+(``ops.forks``), under the Python API a fresh interpreter —, configured through the environment with exactly the
 settings of the run, logging JSON lines to ``<state_dir>/logs/<name>.log``. They die with the
 supervisor, however it ends (``ops.lifeline``: parent-death signal, lifeline pipe, pid files). A daemon that
 dies unexpectedly is started again (its in-flight tasks come back to the queue after
@@ -24,6 +25,7 @@ from pathlib import Path
 import structlog
 
 from busscrape.errors import EXIT_PARTIAL
+from busscrape.ops import forks
 from busscrape.ops.lifeline import Lifeline, PidFiles, die_with_parent
 from busscrape.settings import Settings, settings_env
 
@@ -36,7 +38,7 @@ MAX_RESTARTS = 5
 class Daemon:
     name: str
     args: list[str]
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | forks.Forked | None = None
     restarts: int = 0
     log_path: Path = field(default_factory=Path)
 
@@ -59,6 +61,7 @@ class Daemons:
         extra = ["--wait-streams", str(wait_streams)] if wait_streams else []
         self.daemons = [Daemon(f"worker-{i + 1}", ["worker", *extra]) for i in range(workers)]
         self.daemons += [Daemon(f"ingester-{i + 1}", ["ingester", *extra]) for i in range(ingesters)]
+        self._starting: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         self.pids = PidFiles(settings.state_dir)
@@ -67,28 +70,38 @@ class Daemons:
     async def __aenter__(self) -> Daemons:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._lifeline = Lifeline()
-        for daemon in self.daemons:
-            self._start(daemon)
+        # In a task: a fork waits for the fork server's imports, and the caller goes on meanwhile
+        # (``busscrape run`` starts its server; the daemons wait for the streams).
+        self._starting = asyncio.create_task(self._start_all())
         self._watch = asyncio.create_task(self._supervise())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _start(self, daemon: Daemon) -> None:
+    async def _start_all(self) -> None:
+        for daemon in self.daemons:
+            try:
+                await self._start(daemon)
+            except OSError as exc:  # no process to start (fork server or executable gone, no pids left)
+                log.error("daemon.not_started", daemon=daemon.name, error=str(exc))
+                self._fatal(EXIT_PARTIAL, f"{daemon.name} could not be started: {exc}")
+
+    async def _start(self, daemon: Daemon) -> None:
         daemon.log_path = self.log_dir / f"{daemon.name}.log"
         env = {**self.env, "BUSSCRAPE_WORKER__NAME": daemon.name, "BUSSCRAPE_INGESTER__NAME": daemon.name}
         assert self._lifeline is not None
         fd = self._lifeline.read_fd
-        # Called from the event loop's thread only: the parent-death signal follows the forking thread.
-        with open(daemon.log_path, "ab") as out:
-            daemon.process = subprocess.Popen([sys.executable, "-m", "busscrape", *daemon.args, "--lifeline", str(fd)],
-                                              env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True, pass_fds=(fd,), preexec_fn=die_with_parent())
+        if forks.started():  # the command line's: a fork of its warm fork server (ops.forks)
+            daemon.process = await asyncio.to_thread(forks.start, daemon.args, env, daemon.log_path, fd)
+        else:
+            daemon.process = _spawn(daemon, env, fd)
         self.pids.record(daemon.name, daemon.process.pid)
         log.info("daemon.started", daemon=daemon.name, pid=daemon.process.pid, log=str(daemon.log_path))
 
     async def _supervise(self) -> None:
+        assert self._starting is not None
+        await self._starting
         while not self._stopping:
             await asyncio.sleep(1)
             for daemon in self.daemons:
@@ -111,7 +124,7 @@ class Daemons:
                     continue
                 daemon.restarts += 1
                 log.warning("daemon.restarting", daemon=daemon.name, code=proc.returncode, restarts=daemon.restarts)
-                self._start(daemon)
+                await self._start(daemon)
 
     def _fatal(self, code: int, message: str) -> None:
         if self.on_fatal is not None and not self._fatal_said:
@@ -128,6 +141,8 @@ class Daemons:
         if self._stopping:
             return
         self._stopping = True
+        if self._starting is not None:
+            await self._starting  # a daemon being started is stopped like the others, not left behind
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -152,7 +167,16 @@ class Daemons:
         log.info("daemons.stopped", count=len(running))
 
 
-async def _wait_all(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
+def _spawn(daemon: Daemon, env: dict[str, str], lifeline_fd: int) -> subprocess.Popen[bytes]:
+    """A fresh interpreter: ``python -m busscrape *args --lifeline FD``. Called from the event loop's
+    thread only: the parent-death signal follows the forking thread."""
+    with open(daemon.log_path, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "busscrape", *daemon.args, "--lifeline", str(lifeline_fd)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, pass_fds=(lifeline_fd,), preexec_fn=die_with_parent())
+
+
+async def _wait_all(procs: list[subprocess.Popen[bytes] | forks.Forked], seconds: float) -> None:
     deadline = asyncio.get_running_loop().time() + seconds
     for proc in procs:
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.05)
