@@ -301,6 +301,8 @@ async def test_a_killed_run_takes_its_daemons_and_server_with_it(tmp_path, site)
     assert len(children) == 3, children
     # Each in a session of its own, as before they were forked: a Ctrl-C at the terminal is the run's.
     assert all(os.getsid(pid) == pid for pid in daemons.values())
+    # And named by its command in ps, not by the fork server's.
+    assert sorted(cmd.split()[:2] for cmd in forked.values()) == [["busscrape", "ingester"], ["busscrape", "worker"]]
     everything = {**children, **forked}
     proc.send_signal(signal.SIGKILL)  # the run alone, not its children (they are in their own sessions)
     proc.wait(10)

@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+import setproctitle
+
 PRELOAD = (
     "busscrape.cli", "busscrape.cli.worker", "busscrape.cli.ingester", "busscrape.settings", "structlog",
     "busscrape.telemetry.logs", "busscrape.bus.connection", "busscrape.bus.provision",
@@ -117,10 +119,13 @@ def _main(args: list[str], env: dict[str, str], log_path: str,
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
-    os.environ.clear()
-    os.environ.update(env)
     _lifeline.append(lifeline)  # kept: its fd is the lifeline for as long as the daemon runs
     sys.argv = ["busscrape", *args, "--lifeline", str(lifeline.fileno())]
+    # What ps and top show: its own command, not the fork server's. Before the environment is
+    # replaced: setproctitle finds the process's argv area through the original environment.
+    setproctitle.setproctitle(" ".join(sys.argv))
+    os.environ.clear()
+    os.environ.update(env)
     from busscrape.cli import main
 
     try:
