@@ -101,7 +101,7 @@ class TreeSampler(threading.Thread):
             if pid not in stats:
                 continue
             kind = self.seen.get(pid, ("", 0.0))[0]
-            if not kind:
+            if not kind or kind == "python fork server":  # a fork names itself a moment after the fork
                 try:
                     kind = classify(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
                 except OSError:
