@@ -81,13 +81,17 @@ class Daemons:
 
     async def _start_all(self) -> None:
         for daemon in self.daemons:
-            try:
-                await self._start(daemon)
-            except OSError as exc:  # no process to start (fork server or executable gone, no pids left)
-                log.error("daemon.not_started", daemon=daemon.name, error=str(exc))
-                self._fatal(EXIT_PARTIAL, f"{daemon.name} could not be started: {exc}")
+            await self._start(daemon)
 
     async def _start(self, daemon: Daemon) -> None:
+        try:
+            await self._launch(daemon)
+        except OSError as exc:  # no process to start (executable gone, no pids left, …)
+            daemon.process = None
+            log.error("daemon.not_started", daemon=daemon.name, error=str(exc))
+            self._fatal(EXIT_PARTIAL, f"{daemon.name} could not be started: {exc}")
+
+    async def _launch(self, daemon: Daemon) -> None:
         daemon.log_path = self.log_dir / f"{daemon.name}.log"
         env = {**self.env, "BUSSCRAPE_WORKER__NAME": daemon.name, "BUSSCRAPE_INGESTER__NAME": daemon.name}
         assert self._lifeline is not None
