@@ -86,7 +86,7 @@ class Daemons:
     async def _start(self, daemon: Daemon) -> None:
         try:
             await self._launch(daemon)
-        except OSError as exc:  # no process to start (executable gone, no pids left, …)
+        except (OSError, EOFError) as exc:  # no process (executable gone, no pids left, the fork server died)
             daemon.process = None
             log.error("daemon.not_started", daemon=daemon.name, error=str(exc))
             self._fatal(EXIT_PARTIAL, f"{daemon.name} could not be started: {exc}")
