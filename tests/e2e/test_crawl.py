@@ -148,7 +148,10 @@ async def test_a_worker_killed_mid_crawl_loses_nothing_and_nothing_is_archived_t
     crawl_site.install(site)
     for n in range(1, 201):  # a wider site, so the kill lands mid-crawl
         links = "".join(f"<a href='/w/{m}'>{m}</a>" for m in (n + 1, n * 2) if m <= 200)
-        site.page(f"/w/{n}", f"<html><title>w{n}</title><body>{links}<a href='/slow?s=0.3&n={n}'>s</a></body></html>")
+        # Each page's load waits 1.5 s for an image: a page w1 is seen holding is still loading when
+        # the kill lands (a fast one could be rendered and its result published in between).
+        site.page(f"/w/{n}", f"<html><title>w{n}</title><body>{links}<a href='/slow?s=0.3&n={n}'>s</a>"
+                             f"<img src='/slow?s=1.5&img={n}'></body></html>")
     pages.install(site)
     site.page("/", "<html><body><a href='/w/1'>w</a></body></html>")
     settings = make_settings(tmp_path, nats_url, network={"allow": [f"{h}/32" for h in site.hosts]})
