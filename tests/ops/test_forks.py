@@ -24,3 +24,21 @@ def test_what_the_fork_server_imports_starts_no_thread():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1"]
+
+
+def test_a_log_the_fork_cannot_open_is_the_callers_error_not_a_traceback_on_the_terminal(tmp_path):
+    # The fork server writes to the run's terminal: a failure inside the fork, before its output
+    # is its log, would land there. The log is opened by the caller, as subprocess does.
+    code = ("import os, sys\n"
+            "from busscrape.ops import forks\n"
+            "forks.prestart()\n"
+            "r, w = os.pipe()\n"
+            "try:\n"
+            "    forks.start(['worker'], dict(os.environ), sys.argv[1], r)\n"
+            "except IsADirectoryError as exc:\n"
+            "    print('refused', exc.filename)\n")
+    log = tmp_path / "worker-1.log"
+    log.mkdir()
+    done = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["refused", str(log)], done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
-import multiprocessing.connection
 import multiprocessing.forkserver
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping
+from multiprocessing import reduction
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 import setproctitle
 
@@ -95,32 +96,42 @@ class Forked:
 
 def start(args: list[str], env: Mapping[str, str], log_path: Path, lifeline_fd: int) -> Forked:
     """Fork ``busscrape *args --lifeline FD`` off the fork server, its output appended to ``log_path``.
-    Blocks until the server has forked it (the first call: until the server's imports are done)."""
-    # A Connection is how an fd travels to a forked process (duplicated through the server).
-    lifeline = multiprocessing.connection.Connection(os.dup(lifeline_fd), writable=False)
+    Blocks until the server has forked it (the first call: until the server's imports are done).
+    The log is opened here, so that a log that cannot be opened is this caller's ``OSError``, as
+    with ``subprocess``, and not a traceback on the fork server's terminal."""
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         # Not "daemonic" in multiprocessing's sense, which would forbid it processes of its own (the
         # extractors' pool); the supervisor stops it before this process ends.
-        process = _context.Process(target=_main, args=(args, dict(env), str(log_path), lifeline))
+        process = _context.Process(target=_main, args=(args, dict(env), _Fd(log), _Fd(lifeline_fd)))
         process.start()
     finally:
-        lifeline.close()
+        os.close(log)
     return Forked(process)
 
 
-_lifeline: list[multiprocessing.connection.Connection] = []
+class _Fd:
+    """An open file descriptor handed to the fork: duplicated into it through the fork server
+    (``multiprocessing.reduction.DupFd``, as multiprocessing passes its own pipes)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[object, tuple[object]]:
+        return _Fd._arrived, (reduction.DupFd(self.fd),)
+
+    @staticmethod
+    def _arrived(dup: Any) -> _Fd:
+        return _Fd(dup.detach())
 
 
-def _main(args: list[str], env: dict[str, str], log_path: str,
-          lifeline: multiprocessing.connection.Connection) -> None:
+def _main(args: list[str], env: dict[str, str], log: _Fd, lifeline: _Fd) -> None:
     """In the fork: become ``python -m busscrape *args --lifeline FD``, as ``subprocess`` would start it."""
     os.setsid()  # a session of its own: a Ctrl-C at the terminal is the run's to hand on
-    out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    _lifeline.append(lifeline)  # kept: its fd is the lifeline for as long as the daemon runs
-    sys.argv = ["busscrape", *args, "--lifeline", str(lifeline.fileno())]
+    os.dup2(log.fd, 1)
+    os.dup2(log.fd, 2)
+    os.close(log.fd)
+    sys.argv = ["busscrape", *args, "--lifeline", str(lifeline.fd)]
     # What ps and top show: its own command, not the fork server's. Before the environment is
     # replaced: setproctitle finds the process's argv area through the original environment.
     setproctitle.setproctitle(" ".join(sys.argv))
