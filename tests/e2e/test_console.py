@@ -17,6 +17,9 @@ import aiohttp
 import pytest
 from playwright.async_api import expect
 
+from busscrape.bus import names, provision, topology
+from busscrape.bus.connection import Bus
+from tests.conftest import make_settings
 from tests.e2e.test_run import run_env
 from tests.support import pages
 from tests.support.chromium import launched
@@ -75,6 +78,12 @@ async def test_the_console_shows_a_runs_counts_moving_and_reaching_its_summary(t
         while not list(ports.glob("*.ports")) and time.monotonic() < deadline:  # the run's server is up
             assert runner.poll() is None
             await asyncio.sleep(0.2)
+        # And its streams applied: the API refuses a server without them (the ports file comes
+        # first, and a fresh-clone run started the API in between).
+        [found] = ports.glob("*.ports")
+        settings = make_settings(tmp_path / "probe", json.loads(found.read_text())["nats"][0])
+        async with await Bus.connect(settings, name="probe") as bus:
+            await provision.require(bus.js, topology.load(settings), names.REQUIRED, wait=60)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         seen: list[tuple[int | None, int | None]] = []
