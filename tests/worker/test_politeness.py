@@ -132,6 +132,32 @@ async def test_an_unreleased_slot_expires_with_the_lease_ttl(pbus):
     assert time.monotonic() - started < 20
 
 
+async def test_a_slot_whose_holder_expires_during_the_take_is_busy_for_now_not_an_error(pbus):
+    """nats-py's ``create`` answers a taken key by reading it again (a delete marker would be
+    free); when the holder's key expires in between, the read finds nothing and ``create`` raises
+    ``KeyNotFoundError``. Seen in a fresh-clone run as ``enter`` raising: it is "busy, ask again"
+    (the next ask takes it)."""
+    one = gate(pbus, Limit(1, 0), "w1")
+    held = await one.enter("x.test")
+    assert isinstance(held, Slot)
+    held._renewing.cancel()  # a dead holder: its key stays until it expires
+    kv = one._hosts  # the gate's own handle on the bucket
+    assert kv is not None
+    reread = kv._get  # what create reads the key with (nats-py 2.16)
+
+    async def expired_before_the_reread(key: str, *args: object, **kwargs: object) -> object:
+        # The expiry, on the server, exactly between create's refused write and its read.
+        await pbus.js.purge_stream(names.kv_stream(names.HOSTS_BUCKET), subject=f"$KV.{names.HOSTS_BUCKET}.{key}")
+        return await reread(key, *args, **kwargs)
+
+    kv._get = expired_before_the_reread  # type: ignore[method-assign]
+    try:
+        assert isinstance(await one.enter("x.test"), Wait)
+    finally:
+        kv._get = reread  # type: ignore[method-assign]
+    assert await _enters(one, "x.test")  # and then it is free
+
+
 async def _enters(g: FleetGate, host: str) -> bool:
     got = await g.enter(host)
     if isinstance(got, Slot):
@@ -304,9 +330,9 @@ async def test_the_site_sees_one_host_delay_between_every_two_page_requests(bus,
     """#36.5: ``delay`` is a floor between page requests as the site sees them, not between the
     gate's writes. Two workers, one slot, a 1 s delay; one worker's link is slow (the server's
     answers to its HOSTS writes reach it 0.4 s late, so its request goes out 0.4 s after its
-    start was written). The site's log of request arrivals has every gap at least 1 s (a
-    correctness bound, not a speed one); before, the slow worker's start counted from its write
-    and the next page came 0.6 s after its request."""
+    start was written). The site's log of request arrivals has every gap at least 1 s, less
+    the site's own few milliseconds (a correctness bound, not a speed one); before, the slow
+    worker's start counted from its write and the next page came 0.6 s after its request."""
     log = Log()
     logged_page(site, log)
     delay = 1.0
@@ -325,7 +351,11 @@ async def test_the_site_sees_one_host_delay_between_every_two_page_requests(bus,
     assert len(starts) == 8 and len(await results(bus.js)) == 8, log.rows
     assert one.counters["completed"] > 0 and two.counters["completed"] > 0  # both took pages
     gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
-    assert min(gaps) >= delay, gaps
+    # Less a few milliseconds: the site stamps a request when its handler runs (its loop shares the
+    # GIL with the test's), and one request's way through Chromium, the egress proxy and the site
+    # can take that much longer than the next one's, so no sender can space arrivals exactly (a
+    # fresh-clone run at load ~13 saw 0.9955 s). The bug this guards against left 0.6 s.
+    assert min(gaps) >= delay - 0.05, gaps
 
 
 @pytest.mark.timing

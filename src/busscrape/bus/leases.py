@@ -147,3 +147,7 @@ async def take(kv: KeyValue, key: str, holder: bytes) -> tuple[int, bytes] | Non
         return await kv.create(key, value), value
     except nats.js.errors.KeyWrongLastSequenceError:
         return None
+    except nats.js.errors.KeyNotFoundError:
+        # nats-py's create reads a refused key again (a delete marker would be free): the holder's
+        # key expired in between. Held a moment ago, free now: the caller's next ask takes it.
+        return None
