@@ -55,10 +55,8 @@ def classify(cmdline: str) -> str:
         return "playwright driver"
     if "py-spy" in cmdline:
         return "py-spy"
-    if "multiprocessing.forkserver" in cmdline:  # what run's daemons are forked from (ops/forks.py)
-        return "python fork server"
-    if "multiprocessing.resource_tracker" in cmdline:
-        return "python fork server"
+    if "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline:
+        return "python fork server"  # what run's daemons are forked from (ops/forks.py), and its helper
     for role in ("worker", "ingester", "run"):
         if f"busscrape {role}" in cmdline:
             return f"python {role}"
