@@ -111,6 +111,27 @@ async def test_graceful_stop_hands_unfinished_work_back_at_once(applied):
     assert all(m.metadata.num_delivered == 2 for m in again)
 
 
+async def test_a_stop_now_withdraws_the_waiting_fetches_before_it_hands_work_back(applied):
+    """Two stops at once (``run``'s Ctrl-C): the message in flight goes back to the queue, not
+    into this service's other slot, whose pull request is still waiting at the server."""
+    info = await applied.js.consumer_info(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+    await applied.js.add_consumer(names.TASKS_STREAM, info.config.evolve(ack_wait=600.0, backoff=None))
+    await queue(applied.js, b"a")
+    svc = Recorder(applied, concurrency=2, delay=60, fetch_timeout=30)
+    async with svc:
+        runner = asyncio.create_task(svc.run())
+        await wait_until(lambda: asyncio.sleep(0, svc.in_flight == 1 and len(svc._fetching) == 1), timeout=30)
+        await asyncio.sleep(0.2)  # the idle slot's pull request has reached the server
+        svc.stop()
+        svc.stop()
+        counters = await asyncio.wait_for(runner, 20)
+    assert counters["released"] == 1
+    sub = await applied.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
+    [again] = await sub.fetch(1, timeout=10)
+    assert again.data == b"a"
+    assert again.metadata.num_delivered == 2  # one delivery to the service, none to its idle slot
+
+
 async def test_exit_when_idle(applied):
     started = time.monotonic()
     async with Recorder(applied, concurrency=1, exit_when_idle=0.5) as svc:

@@ -260,9 +260,13 @@ async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_no_attempt_spent(
         settings = make_settings(tmp_path, server.url)
         async with await Bus.connect(settings, name="inspect") as bus:
             # Handed back: the next worker gets it now, not once ack_wait (1m) has passed.
+            info = await bus.js.consumer_info(names.TASKS_STREAM, names.WORKERS_CONSUMER)
+            assert info.config.ack_wait is not None and info.config.ack_wait >= 60
             sub = await bus.js.pull_subscribe_bind(names.WORKERS_CONSUMER, names.TASKS_STREAM)
             [msg] = await sub.fetch(1, timeout=20)
-            assert msg.metadata.num_delivered == 2
+            # Usually 2; one CI run (of 36b13e9) saw 3, cause not found (docs/development.md, "Tests in
+            # parallel", that run's row). What the stop promises is the hand-back and no attempt spent, checked below.
+            assert msg.metadata.num_delivered >= 2
             await msg.nak()
             [task] = [decode(ScrapeTask, m.data) for m in await stream_messages(bus.js, names.TASKS_STREAM)]
             seq = (await stream_messages(bus.js, names.TASKS_STREAM))[0].seq
