@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -267,6 +268,10 @@ async def test_ctrl_c_hands_a_task_in_flight_back_at_once_with_no_attempt_spent(
             # Usually 2; one CI run (of 36b13e9) saw 3, cause not found (docs/development.md, "Tests in
             # parallel", that run's row). What the stop promises is the hand-back and no attempt spent, checked below.
             assert msg.metadata.num_delivered >= 2
+            if msg.metadata.num_delivered != 2:  # for the next look at the cause: in the -ra summary
+                logs = "".join(p.read_text()[-1500:] for p in sorted((tmp_path / "state" / "logs").glob("*.log")))
+                warnings.warn(f"handed back at delivery {msg.metadata.num_delivered}; run: {output[-1500:]}; "
+                              f"logs: {logs}", stacklevel=1)
             await msg.nak()
             [task] = [decode(ScrapeTask, m.data) for m in await stream_messages(bus.js, names.TASKS_STREAM)]
             seq = (await stream_messages(bus.js, names.TASKS_STREAM))[0].seq
