@@ -23,15 +23,16 @@ from tests.conftest import make_settings
 from tests.e2e.test_run import run_env
 from tests.support import pages
 from tests.support.chromium import launched
-from tests.support.net import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 @contextlib.contextmanager
-def api_process(tmp_path: Path, env: dict[str, str], port: int, log: str) -> Iterator[subprocess.Popen[bytes]]:
+def api_process(tmp_path: Path, env: dict[str, str], log: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``busscrape api`` on a port of its own choosing (port 0): a port picked free beforehand can be
+    taken by another test's server before the API binds it, and that server answers instead."""
     with (tmp_path / log).open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "busscrape", "api", "--port", str(port)], cwd=tmp_path,
+        proc = subprocess.Popen([sys.executable, "-m", "busscrape", "api", "--port", "0"], cwd=tmp_path,
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield proc
@@ -40,15 +41,23 @@ def api_process(tmp_path: Path, env: dict[str, str], port: int, log: str) -> Ite
         proc.wait(30)
 
 
-async def serving(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+async def serving(proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> str:
+    """The API's URL, once it answers: the port from its ``api.listening`` line."""
     deadline = time.monotonic() + timeout
+    url = None
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()[-3000:]
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(url + "/healthz") as r:
-                    if r.status == 200:
-                        return
+            if url is None:
+                for line in log.read_text().splitlines():
+                    with contextlib.suppress(ValueError):
+                        if (event := json.loads(line)).get("event") == "api.listening":
+                            url = f"http://127.0.0.1:{event['port']}"
+            if url is not None:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(url + "/healthz") as r:
+                        if r.status == 200:
+                            return url
             await asyncio.sleep(0.2)
     raise AssertionError(f"the API did not answer within {timeout}s: {log.read_text()[-3000:]}")
 
@@ -84,11 +93,9 @@ async def test_the_console_shows_a_runs_counts_moving_and_reaching_its_summary(t
         settings = make_settings(tmp_path / "probe", json.loads(found.read_text())["nats"][0])
         async with await Bus.connect(settings, name="probe") as bus:
             await provision.require(bus.js, topology.load(settings), names.REQUIRED, wait=60)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
         seen: list[tuple[int | None, int | None]] = []
-        with api_process(tmp_path, env, port, "api-live.log") as api:
-            await serving(url, api, tmp_path / "api-live.log")
+        with api_process(tmp_path, env, "api-live.log") as api:
+            url = await serving(api, tmp_path / "api-live.log")
             async with chromium_page() as page:
                 await page.goto(url + "/")
                 # A read the bus did not answer in time (a loaded machine, the run's streams just
@@ -111,10 +118,8 @@ async def test_the_console_shows_a_runs_counts_moving_and_reaching_its_summary(t
     assert len(set(archived)) >= 2 and min(archived) < summary["archived"], seen
 
     # The run has ended and stopped its server: `busscrape api` on its state dir reopens its store.
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with api_process(tmp_path, env, port, "api-after.log") as api:
-        await serving(url, api, tmp_path / "api-after.log")
+    with api_process(tmp_path, env, "api-after.log") as api:
+        url = await serving(api, tmp_path / "api-after.log")
         async with chromium_page() as page:
             await page.goto(url + "/")
             assert figure(await page.locator("#total-archived").inner_text()) == summary["archived"]
