@@ -4,7 +4,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from busscrape.settings import Settings
-from busscrape.settings.reference import reference_markdown
+from busscrape.settings.reference import meaning, reference_markdown
 
 
 def test_env_nested_with_double_underscore(monkeypatch):
@@ -41,10 +41,30 @@ def test_every_setting_is_documented():
     for name, field in Settings.model_fields.items():
         section = field.annotation
         if isinstance(section, type) and issubclass(section, BaseModel):
-            undocumented += [f"{name}.{sub}" for sub, f in section.model_fields.items() if not f.description]
-        elif not field.description:
+            undocumented += [f"{name}.{sub}" for sub in section.model_fields if not meaning(section, sub)]
+        elif not meaning(Settings, name):
             undocumented.append(name)
     assert undocumented == []
+
+
+def test_a_settings_meaning_is_the_docstring_under_it_and_a_sections_include_its_bases():
+    class Base(BaseModel):
+        inherited: int = 1
+        """From the base,
+        on two lines."""
+
+    class Section(Base):
+        plain: str = "x"
+        """What plain means."""
+        bare: int = 2
+
+        def method(self) -> None:
+            """A method's docstring: not a field's."""
+
+    assert meaning(Section, "plain") == "What plain means."
+    assert meaning(Section, "inherited") == "From the base, on two lines."
+    assert meaning(Section, "bare") == ""
+    assert meaning(Section, "method") == ""
 
 
 def test_the_docs_list_every_setting_as_busscrape_config_prints_it():

@@ -1,5 +1,5 @@
 """``python -m busscrape`` — the same as the ``busscrape`` command."""
 
-from busscrape.cli import main
+from busscrape.entry import main
 
 main()

@@ -20,7 +20,10 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 
         sys.stdout.write(reference_markdown())
         return
+    from pydantic import BaseModel
+
     from busscrape.settings import Settings
+    from busscrape.settings.reference import meaning
 
     s = settings()
     data = s.model_dump(mode="json")
@@ -34,13 +37,12 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."
     table = Table("variable", "value", "meaning", show_lines=False)
     for name, field in Settings.model_fields.items():
         value = data[name]
-        if isinstance(value, dict):
-            section = getattr(Settings.model_fields[name].annotation, "model_fields", {})
-            for sub, subfield in section.items():
-                table.add_row(f"BUSSCRAPE_{name.upper()}__{sub.upper()}", _short(value[sub]),
-                              " ".join((subfield.description or "").split()))
+        section = field.annotation
+        if isinstance(value, dict) and isinstance(section, type) and issubclass(section, BaseModel):
+            for sub in section.model_fields:
+                table.add_row(f"BUSSCRAPE_{name.upper()}__{sub.upper()}", _short(value[sub]), meaning(section, sub))
         else:
-            table.add_row(f"BUSSCRAPE_{name.upper()}", _short(value), field.description or "")
+            table.add_row(f"BUSSCRAPE_{name.upper()}", _short(value), meaning(Settings, name))
     out.print(table)
 
 

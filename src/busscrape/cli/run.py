@@ -86,6 +86,8 @@ def run_cmd(
 def warm_daemons(*, local: bool) -> None:
     """First thing in a command that starts local daemons: the fork server they are forked from
     (``ops.forks``), whose imports then overlap the command's settings and its server's start.
+    Usually already running: the entry point starts it before the command line loads, by the same
+    rule on the raw arguments (``busscrape.entry``).
     (A NATS URL from the environment or a config file, without ``--with-daemons``, leaves it idle.)
     Not under the Python API (``embedding``): its daemons are fresh interpreters (``ops.forks``)."""
     from busscrape.cli import embedding

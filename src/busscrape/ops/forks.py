@@ -1,16 +1,17 @@
 """Daemons forked from a warm interpreter: the command line's workers and ingesters start
 without importing.
 
-A daemon started as ``python -m busscrape worker`` spends its first ~0.5 s of CPU (more on two
-busy cores) importing what every daemon imports: Typer, the settings' pydantic models, nats-py,
+A daemon started as ``python -m busscrape worker`` spends its first ~0.5 s of CPU (more on two busy
+cores) importing what every daemon imports: Typer, the settings' pydantic models, nats-py,
 Playwright, structlog, the worker and the ingester. On a cold ``busscrape run`` that sat on the way
 to the first page, beside the run's own start, the embedded server and Chromium. So ``run``,
 ``crawl`` and ``demo`` start the standard library's fork server (``multiprocessing``'s
-``forkserver``) as their first step: it imports ``PRELOAD`` while the command builds its settings
-and starts NATS, and each daemon is then a fork of it — a process of its own, in a session of its
-own, with the environment, argv and log file the supervisor gives it, running the entry point
-``python -m busscrape`` runs (``busscrape.cli.main``). First page archived: 1.75 s → 1.42 s
-(``bench/cold_start.py``, docs/performance.md).
+``forkserver``) as their first step (``busscrape.entry``, before the command line loads): it
+imports ``PRELOAD`` while the command builds its settings and starts NATS, and each daemon is then
+a fork of it — a process of its own, in a session of its own, with the environment, argv and log
+file the supervisor gives it, running the entry point ``python -m busscrape`` runs
+(``busscrape.cli.main``). First page archived: 1.75 s → 1.42 s (``bench/cold_start.py``,
+docs/performance.md).
 
 Only the command line forks: the fork server's children re-run the parent's ``__main__`` module
 (``multiprocessing``'s rule), which is busscrape's own entry point there but would be a user's

@@ -41,7 +41,6 @@ class Settings(BaseSettings):
         env_file=".env",
         env_parse_none_str="none",  # BUSSCRAPE_TELEMETRY__HTTP_PORT=none turns it off
         extra="ignore",
-        use_attribute_docstrings=True,
         validate_default=True,
     )
 

@@ -51,7 +51,7 @@ _URL_USERINFO = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/]*
 class _Section(BaseModel):
     # Defaults in human form ("14d", "8GiB") are written Field("14d", validate_default=True): the
     # validator turns them into the field's type, and that argument tells a type checker so.
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class NatsSettings(_Section):
