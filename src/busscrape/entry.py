@@ -29,8 +29,11 @@ def main() -> None:
 
 def forks_daemons(args: list[str]) -> bool:
     """Whether these arguments start local daemons: ``warm_daemons``'s rule (no ``--nats-url``, or
-    ``--with-daemons``) on the raw arguments; not for ``--help``."""
-    if not args or args[0] not in FORKING or "--help" in args:
+    ``--with-daemons``) on the raw arguments; not for ``--help``, ``crawl status`` or ``--detach``
+    (which only talk to a server)."""
+    if not args or args[0] not in FORKING or "--help" in args or "--detach" in args:
+        return False
+    if args[:2] == ["crawl", "status"]:
         return False
     remote = any(arg == "--nats-url" or arg.startswith("--nats-url=") for arg in args)
     return not remote or "--with-daemons" in args

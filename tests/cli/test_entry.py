@@ -13,6 +13,8 @@ from busscrape.entry import forks_daemons
     (["run", "urls.txt", "--nats-url=nats://127.0.0.1:4222"], False),
     (["run", "urls.txt", "--nats-url", "nats://127.0.0.1:4222", "--with-daemons"], True),
     (["run", "--help"], False),
+    (["crawl", "status", "0123456789abcdef"], False),
+    (["crawl", "https://example.org/", "--detach"], False),
     (["worker"], False),
     (["dispatch", "urls.txt"], False),
     ([], False),
