@@ -20,7 +20,7 @@ from busscrape.search import open_index
 from busscrape.search.index import IndexedPage
 from busscrape.settings import settings_env
 from tests.support.bus import count, wait_until
-from tests.support.net import free_port
+from tests.support.procs import listening_port
 
 TOKEN = "s3cret-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -247,12 +247,12 @@ async def test_search_off_is_a_503_and_tasks_still_work(applied, api_settings):
 
 
 async def test_the_api_command_serves_until_sigterm(applied, api_settings, tmp_path):
-    port = free_port()
-    env = settings_env(api_settings.with_overrides(api={"port": port}))
+    env = settings_env(api_settings.with_overrides(api={"port": 0}))  # its own free port, logged
     with (tmp_path / "api.log").open("wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "busscrape", "api"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:
+        port = await listening_port(tmp_path / "api.log", "api.listening", proc)
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}", headers=AUTH) as http:
             for _ in range(200):
                 try:

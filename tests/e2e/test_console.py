@@ -23,6 +23,7 @@ from tests.conftest import make_settings
 from tests.e2e.test_run import run_env
 from tests.support import pages
 from tests.support.chromium import launched
+from tests.support.procs import listening_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -42,22 +43,16 @@ def api_process(tmp_path: Path, env: dict[str, str], log: str) -> Iterator[subpr
 
 
 async def serving(proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> str:
-    """The API's URL, once it answers: the port from its ``api.listening`` line."""
+    """The API's URL, once it answers."""
+    url = f"http://127.0.0.1:{await listening_port(log, 'api.listening', proc, timeout)}"
     deadline = time.monotonic() + timeout
-    url = None
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()[-3000:]
-            if url is None:
-                for line in log.read_text().splitlines():
-                    with contextlib.suppress(ValueError):
-                        if (event := json.loads(line)).get("event") == "api.listening":
-                            url = f"http://127.0.0.1:{event['port']}"
-            if url is not None:
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(url + "/healthz") as r:
-                        if r.status == 200:
-                            return url
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(url + "/healthz") as r:
+                    if r.status == 200:
+                        return url
             await asyncio.sleep(0.2)
     raise AssertionError(f"the API did not answer within {timeout}s: {log.read_text()[-3000:]}")
 

@@ -107,8 +107,9 @@ async def test_a_monitoring_answer_over_its_bound_is_refused_and_the_lag_read_fr
     app.router.add_get("/jsz", jsz)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    site = web.TCPSite(runner, "127.0.0.1", 0)  # a port of its own: one picked free could be taken first
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
     try:
         proc = await busscrape(nats_server.url, "status", "--json", "--monitor-url", f"http://127.0.0.1:{port}")
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -78,3 +79,18 @@ def leftover_chromium(log: Path, wait: float = 10.0) -> list[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
+
+
+async def listening_port(log: Path, event: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    """The port a process chose for itself (port 0), from the JSON log line ``event`` it writes
+    once it listens (``api.listening``, ``health.listening``). A port picked free by the test and
+    handed over can be taken by another test's server before the process binds it, and then that
+    server answers the test's requests (or the process gives up the port for another)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines() if log.exists() else ():
+            if f'"{event}"' in line:
+                return int(json.loads(line)["port"])
+        assert proc.poll() is None, log.read_text()[-3000:]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {event} line within {timeout}s: {log.read_text()[-3000:]}")

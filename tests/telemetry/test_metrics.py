@@ -24,8 +24,7 @@ from busscrape.telemetry.tracing import trace_id_of
 from busscrape.worker.daemon import Worker
 from tests.support import pages
 from tests.support.bus import enqueue, results, stream_messages, wait_until
-from tests.support.net import free_port
-from tests.support.procs import env_for, spawn
+from tests.support.procs import env_for, listening_port, spawn
 from tests.worker.test_daemon import wbus, wsettings  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
@@ -57,13 +56,14 @@ async def test_metrics_and_health_of_a_running_worker_and_ingester(wbus, wsettin
     await enqueue(wbus.js, site.url("/static"))
     await enqueue(wbus.js, site.url("/js"))
     await enqueue(wbus.js, site.url("/status?code=404"))
-    worker_port, ingester_port = free_port(), free_port()
-    base = env_for(wsettings, BUSSCRAPE_TELEMETRY__HTTP_HOST="127.0.0.1",
+    # Port 0: each picks a free port and logs it (a port the test picked could be taken first).
+    base = env_for(wsettings, BUSSCRAPE_TELEMETRY__HTTP_HOST="127.0.0.1", BUSSCRAPE_TELEMETRY__HTTP_PORT="0",
                    BUSSCRAPE_ARCHIVE__DIR=str(tmp_path / "archive"))
-    worker = spawn(["worker"], {**base, "BUSSCRAPE_TELEMETRY__HTTP_PORT": str(worker_port)}, tmp_path / "w.log")
-    ingester = spawn(["ingester"], {**base, "BUSSCRAPE_TELEMETRY__HTTP_PORT": str(ingester_port)},
-                     tmp_path / "i.log")
+    worker = spawn(["worker"], base, tmp_path / "w.log")
+    ingester = spawn(["ingester"], base, tmp_path / "i.log")
     try:
+        worker_port = await listening_port(tmp_path / "w.log", "health.listening", worker)
+        ingester_port = await listening_port(tmp_path / "i.log", "health.listening", ingester)
         async def archived():
             status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{ingester_port}/metrics")
             _, work = await asyncio.to_thread(get, f"http://127.0.0.1:{worker_port}/metrics")
