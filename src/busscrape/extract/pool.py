@@ -24,14 +24,16 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from busscrape.errors import ExtractionFailed, ExtractionStalled
 from busscrape.extract.definition import Extractor
-from busscrape.extract.engine import Outcome
 from busscrape.extract.registry import Registry
+
+if TYPE_CHECKING:  # the engine (lxml, parsel, price-parser) is the child processes' to import, not the worker's
+    from busscrape.extract.engine import Outcome
 
 log = structlog.get_logger("busscrape.extract")
 
