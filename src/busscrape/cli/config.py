@@ -20,10 +20,7 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 
         sys.stdout.write(reference_markdown())
         return
-    from pydantic import BaseModel
-
-    from busscrape.settings import Settings
-    from busscrape.settings.reference import meaning
+    from busscrape.settings.reference import variables
 
     s = settings()
     data = s.model_dump(mode="json")
@@ -35,14 +32,11 @@ def show_config(as_json: bool = typer.Option(False, "--json", help="Print JSON."
     from rich.table import Table
 
     table = Table("variable", "value", "meaning", show_lines=False)
-    for name, field in Settings.model_fields.items():
-        value = data[name]
-        section = field.annotation
-        if isinstance(value, dict) and isinstance(section, type) and issubclass(section, BaseModel):
-            for sub in section.model_fields:
-                table.add_row(f"BUSSCRAPE_{name.upper()}__{sub.upper()}", _short(value[sub]), meaning(section, sub))
-        else:
-            table.add_row(f"BUSSCRAPE_{name.upper()}", _short(value), meaning(Settings, name))
+    for variable in variables():
+        value = data
+        for key in variable.path:
+            value = value[key]
+        table.add_row(variable.name, _short(value), variable.meaning)
     out.print(table)
 
 

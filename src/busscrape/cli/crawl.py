@@ -69,7 +69,7 @@ def crawl_cmd(
 ) -> None:
     import orjson
 
-    from busscrape.cli.run import exit_code, quiet_logs, warm_daemons
+    from busscrape.cli.run import exit_code, quiet_logs
 
     if seeds[0] == "status":
         if len(seeds) != 2:
@@ -83,7 +83,6 @@ def crawl_cmd(
         progress = run(_status(s, seeds[1]))
         _print(progress, task.as_json)
         raise typer.Exit(0)
-    warm_daemons(local=not nats_url or with_daemons)
     task.check()
     options.check_output(output)
     _refuse_list_flags(task)

@@ -39,9 +39,8 @@ def demo_cmd(
     """
     from rich.syntax import Syntax
 
-    from busscrape.cli.run import how_to_look, quiet_logs, summary_table, warm_daemons
+    from busscrape.cli.run import how_to_look, quiet_logs, summary_table
 
-    warm_daemons(local=True)
     s = settings(archive={"dir": archive}, telemetry={"log_level": quiet_logs()})
     if s.nats.url:
         err.print("[yellow]note:[/] busscrape demo always uses its own embedded nats-server; "

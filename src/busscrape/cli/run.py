@@ -55,7 +55,6 @@ def run_cmd(
     *,
     task: options.TaskFlags,
 ) -> None:
-    warm_daemons(local=not nats_url or with_daemons)
     import orjson
 
     from busscrape.ops.runner import RunOptions
@@ -81,21 +80,6 @@ def run_cmd(
         summary = run(execute(s, opts))
     show_outcome(s, summary, as_json=task.as_json, wacz=wacz, archive=archive, stdout_taken=output == "-")
     raise typer.Exit(exit_code(summary, task.strict))
-
-
-def warm_daemons(*, local: bool) -> None:
-    """First thing in a command that starts local daemons: the fork server they are forked from
-    (``ops.forks``), whose imports then overlap the command's settings and its server's start.
-    Usually already running: the entry point starts it before the command line loads, by the same
-    rule on the raw arguments (``busscrape.entry``).
-    (A NATS URL from the environment or a config file, without ``--with-daemons``, leaves it idle.)
-    Not under the Python API (``embedding``): its daemons are fresh interpreters (``ops.forks``)."""
-    from busscrape.cli import embedding
-
-    if local and not embedding.active():
-        from busscrape.ops import forks
-
-        forks.prestart()
 
 
 def show_outcome(s: Settings, summary: RunSummary, *, as_json: bool, wacz: str | None, archive: str | None,

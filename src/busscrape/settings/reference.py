@@ -5,10 +5,12 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from collections.abc import Iterator
 from functools import cache
-from typing import Any
+from typing import NamedTuple
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from busscrape.settings.environment import Settings
 
@@ -42,14 +44,34 @@ def meaning(model: type[BaseModel], name: str) -> str:
     return " ".join(field_docs(model).get(name, "").split())
 
 
+class Variable(NamedTuple):
+    """One setting as its environment variable."""
+
+    name: str
+    """``BUSSCRAPE_NAME``, or ``BUSSCRAPE_SECTION__NAME`` for a section's setting."""
+    path: tuple[str, ...]
+    """Where its value is in ``Settings.model_dump()``: ``(name,)`` or ``(section, name)``."""
+    field: FieldInfo
+    meaning: str
+
+
+def variables() -> Iterator[Variable]:
+    """Every setting, in the order ``Settings`` declares them."""
+    for name, field in Settings.model_fields.items():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            for sub, subfield in section.model_fields.items():
+                yield Variable(f"BUSSCRAPE_{name.upper()}__{sub.upper()}", (name, sub), subfield, meaning(section, sub))
+        else:
+            yield Variable(f"BUSSCRAPE_{name.upper()}", (name,), field, meaning(Settings, name))
+
+
 def reference() -> list[tuple[str, str, str]]:
     """Every setting as (variable, default, meaning): the table of docs/configuration.md.
 
     Defaults are the declared ones (not this environment's values); computed ones say so.
     """
-    rows: list[tuple[str, str, str]] = []
-
-    def default(field: Any) -> str:
+    def default(field: FieldInfo) -> str:
         if field.default_factory is not None:
             return "(computed)"
         value = field.default
@@ -59,17 +81,7 @@ def reference() -> list[tuple[str, str, str]]:
             return ""
         return str(value)
 
-    def cell(model: type[BaseModel], name: str) -> str:
-        return meaning(model, name).replace("|", "\\|")
-
-    for name, field in Settings.model_fields.items():
-        section = field.annotation
-        if not (isinstance(section, type) and issubclass(section, BaseModel)):
-            rows.append((f"BUSSCRAPE_{name.upper()}", default(field), cell(Settings, name)))
-            continue
-        for sub, subfield in section.model_fields.items():
-            rows.append((f"BUSSCRAPE_{name.upper()}__{sub.upper()}", default(subfield), cell(section, sub)))
-    return rows
+    return [(v.name, default(v.field), v.meaning.replace("|", "\\|")) for v in variables()]
 
 
 def reference_markdown() -> str:
