@@ -25,6 +25,7 @@ import io
 import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import subprocess
@@ -134,6 +135,7 @@ class Zygote:
         self._process: subprocess.Popen[str] | None = None
         self._dir = Path(tempfile.mkdtemp(prefix="busscrape-zygote-"))
         self._socket = str(self._dir / "s")
+        atexit.register(self.close)  # every test process imports this: its folder goes at exit
 
     def _start(self) -> None:
         with self._lock:
@@ -149,12 +151,12 @@ class Zygote:
             assert self._process.stdout is not None
             if self._process.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the test zygote did not start (exit {self._process.wait(30)})")
-            atexit.register(self.close)
 
     def close(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait(10)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     @staticmethod
     def can_run(env: dict[str, str]) -> bool:

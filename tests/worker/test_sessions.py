@@ -2,6 +2,7 @@
 
 import asyncio
 import ipaddress
+import threading
 
 import orjson
 import pytest
@@ -11,7 +12,7 @@ from busscrape.bus import provision, topology
 from busscrape.errors import ConfigurationError
 from busscrape.model.messages import TaskOptions
 from busscrape.worker.daemon import Worker
-from busscrape.worker.sessions import SessionStore, read_rules
+from busscrape.worker.sessions import SessionStore, Stored, read_rules
 from tests.support import cli
 from tests.support.bus import dead_letters, enqueue, results, two_workers, wait_until
 from tests.support.procs import env_for
@@ -157,6 +158,42 @@ async def test_a_failed_check_logs_in_again_once_for_the_fleet(bus, wsettings, s
     assert {r.title for r in await results(bus.js)} == {"secret of alice"}
     assert seen["logins"] == 2  # one login again, not one per worker that saw the check fail
     assert (await SessionStore(bus.js).get("shop-4")).logins == 2
+
+
+@pytest.mark.browser
+async def test_a_tasks_cookies_never_overwrite_a_newer_login_stored_meanwhile(bus, wsettings, site,  # noqa: F811
+                                                                              tmp_path):
+    """A task renders with login 1; while its page loads, another worker logs the session in
+    again (login 2, stored). The task's write-back of its cookies (login 1's) must not replace
+    login 2: the next task would load the forgotten login, fail its check and log in a third time
+    (#35's acceptance crawl saw 3 logins where 2 were due)."""
+    seen = login_site(site)
+    held, release = threading.Event(), threading.Event()
+
+    @site.route("/held")
+    async def held_page(request: web.Request) -> web.StreamResponse:
+        held.set()
+        await asyncio.to_thread(release.wait, 60)  # the site's own loop: the test sets it from another
+        return web.Response(text="<title>held</title><a id=logout>out</a>", content_type="text/html")
+
+    s = wsettings.with_overrides(worker={"concurrency": 1, "sessions_file": str(sessions_file(tmp_path, site))})
+    await provision.apply(bus.js, topology.load(s))
+    store = SessionStore(bus.js)
+    await enqueue(bus.js, site.url("/private?n=1"), options=TaskOptions(session="shop-5"))
+    await enqueue(bus.js, site.url("/held"), options=TaskOptions(session="shop-5"))
+    async with Worker(bus, s) as worker:
+        running = asyncio.create_task(worker.run())
+        await wait_until(lambda: asyncio.to_thread(held.is_set), timeout=60)
+        first = await store.get("shop-5")
+        assert first is not None and first.logins == 1
+        newer = Stored("shop-5", {"cookies": [], "origins": []}, first.logged_in_at + 1, first.expires_at + 1,
+                       logins=2)
+        await store.put(newer)  # another worker's login again, stored while /held renders
+        release.set()
+        await running
+    assert seen["logins"] == 1 and {r.title for r in await results(bus.js)} == {"secret of alice", "held"}
+    kept = await store.get("shop-5")
+    assert kept is not None and (kept.logins, kept.logged_in_at) == (2, newer.logged_in_at), kept.summary()
 
 
 @pytest.mark.browser

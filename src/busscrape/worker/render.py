@@ -244,12 +244,14 @@ class Renderer:
         assert self.sessions is not None and task.options.session is not None
         now = time.time()
         state = await storage_state(tab.context)
-        if logged_in or stored is None:
+        new_login = logged_in or stored is None
+        if new_login:
             kept = Stored(task.options.session, state, now, now + rule.ttl, proxy,
                           (stored.logins + 1) if stored is not None else 1)
         else:
+            assert stored is not None
             kept = Stored(task.options.session, state, stored.logged_in_at, stored.expires_at, proxy, stored.logins)
-        if (left_out := await self.sessions.store.put(kept)) is not None:
+        if (left_out := await self.sessions.store.put(kept, same_login=not new_login)) is not None:
             log.warning("session.too_large", session=kept.name, left_out=left_out)
         return kept
 

@@ -17,11 +17,12 @@ How a session logs in comes from the sessions file (``worker.sessions_file``)::
 
 ``login_steps`` run once when the session is new (or expired), and again when a task's page fails
 the check; then the task's page is loaded again. After each task the context's state is stored
-back, so cookies a page set carry on. Within one worker a session's tasks run one at a time (one
-login, not one per slot); across workers the first to find a session missing takes its login
-lease (HOSTS, ``login.<name>``) and logs in, and the others' tasks of that session are deferred
-until it is stored (then they use it). A failed check logs in again under the same lease: one
-login again for the fleet, however many workers' pages failed the check at once.
+back, so cookies a page set carry on (unless another worker has stored a newer login meanwhile).
+Within one worker a session's tasks run one at a time (one login, not one per slot); across
+workers the first to find a session missing takes its login lease (HOSTS, ``login.<name>``) and
+logs in, and the others' tasks of that session are deferred until it is stored (then they use it).
+A failed check logs in again under the same lease: one login again for the fleet, however many
+workers' pages failed the check at once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 import nats.js.errors
 import orjson
+import structlog
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import TypeAdapter, ValidationError
@@ -50,6 +52,7 @@ from busscrape.worker.fleet_gate import host_token
 from busscrape.worker.leases import Lease, take
 
 _STEPS = TypeAdapter(Steps)
+log = structlog.get_logger("busscrape.worker")
 
 
 @dataclass(frozen=True)
@@ -142,11 +145,16 @@ class SessionStore:
             return None
         return stored
 
-    async def put(self, stored: Stored) -> str | None:
+    async def put(self, stored: Stored, *, same_login: bool = False) -> str | None:
         """Store the session; what was left out to fit a SESSIONS value: None (nothing),
         ``local_storage`` (its origins' storage: the cookies, which hold a login, are kept) or
         ``everything`` (not stored: its cookies alone are over the limit). A page's storage is
-        the page's to fill: over the limit it is never a retry, nor the page's failure."""
+        the page's to fill: over the limit it is never a retry, nor the page's failure.
+
+        ``same_login``: a task's cookies written back after its page, stored only while the
+        session still holds the login the task used (compare-and-set on the key's revision).
+        Another worker may have logged in again meanwhile; the older login's cookies over it
+        would send the next task in logged out, to fail its check and log in once more."""
         try:
             bucket = await self._bucket()
             if self._room is None:
@@ -157,11 +165,31 @@ class SessionStore:
                 value = replace(stored, state={**stored.state, "origins": []}).encode()
             if len(value) > self._room:
                 return "everything"
-            await bucket.put(stored.name, value)
+            if not same_login:
+                await bucket.put(stored.name, value)
+            else:
+                await self._put_over_same_login(bucket, stored, value)
             return left_out
         except TRANSIENT as exc:
             raise StorageUnavailable(f"cannot store session {stored.name}: {exc!r}",
                                      what=names.SESSIONS_BUCKET) from None
+
+    @staticmethod
+    async def _put_over_same_login(bucket: KeyValue, stored: Stored, value: bytes) -> None:
+        while True:  # each turn ends, or another write landed in between: read it again
+            try:
+                entry = await bucket.get(stored.name)
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                return  # dropped (``busscrape sessions drop``) while the task ran: stays dropped
+            current = Stored.decode(stored.name, entry.value)
+            if current is None or current.logged_in_at != stored.logged_in_at:
+                log.info("session.newer_login_kept", session=stored.name)
+                return
+            try:
+                await bucket.update(stored.name, value, last=entry.revision)
+                return
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
 
     async def drop(self, name: str) -> bool:
         if await self.get(name, expired=True) is None:
