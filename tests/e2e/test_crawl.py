@@ -204,10 +204,14 @@ async def test_a_worker_killed_mid_crawl_loses_nothing_and_nothing_is_archived_t
     assert archived_twice == []
     assert all(n == 1 for n in results.values()), results.most_common(3)  # one result per page
     assert len(results) == 60
-    # The kill took the pages w1 held down with it, and another worker redid them. (Not "attempt > 1":
-    # killed before its `reached` mark, a delivery rightly spends no attempt.)
-    redone = {r.task_id: r.worker for r in stored if r.task_id in held}
-    assert redone and all(worker != "w1" for worker in redone.values()), (held, redone)
+    # The kill took pages w1 held down with it, and another worker redid them. (Not "attempt > 1":
+    # killed before its `reached` mark, a delivery rightly spends no attempt.) Not every page of
+    # ``held``: on a loaded machine reading STATUS can take longer than a page's 1.5 s, so one
+    # of them may have been finished by w1 before the kill landed (a -n 6 run saw it); every
+    # page archived exactly once is asserted above.
+    by = {r.task_id: r.worker for r in stored if r.task_id in held}
+    taken_down = [task for task, worker in by.items() if worker != "w1"]
+    assert len(by) == len(held) and taken_down, (held, by)
 
 
 async def _running_on(bus: Bus, tracker: Tracker, worker: str) -> list[str]:
