@@ -547,8 +547,10 @@ def test_missing_podman_skips_outside_ci_and_fails_in_it(env: dict[str, str], fa
 
 
 def test_make_test_requires_the_containers_and_bootstrap_installs_podman() -> None:
-    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    pytest_line = next(line for line in recipe.splitlines() if "-m pytest" in line)
-    assert "BUSSCRAPE_REQUIRE_CONTAINERS=1 " in pytest_line.split("-m pytest")[0]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^PYTEST = .*\.venv/bin/python -m pytest$", makefile, re.MULTILINE)
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    pytest_line = next(line for line in recipe.splitlines() if "$(PYTEST)" in line)
+    assert "BUSSCRAPE_REQUIRE_CONTAINERS=1 " in pytest_line.split("$(PYTEST)")[0]
     bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
     assert re.search(r"apt-get install[^\n]* podman runc mmdebstrap", bootstrap)

@@ -8,6 +8,7 @@ with a real worker in real Chromium, archives it with a real ingester, and finds
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 from datetime import UTC, datetime, timedelta
 
@@ -312,4 +313,5 @@ def test_make_test_requires_postgresql():
 
     makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    assert "BUSSCRAPE_REQUIRE_POSTGRES=1 .venv/bin/python -m pytest" in recipe
+    assert "BUSSCRAPE_REQUIRE_POSTGRES=1 $(PYTEST)" in recipe
+    assert re.search(r"^PYTEST = .*\.venv/bin/python -m pytest$", makefile, re.MULTILINE)
