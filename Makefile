@@ -3,10 +3,10 @@
 
 # The suite mostly waits (timers, Chromium, servers), so it can run in parallel: pytest-xdist with
 # more workers than cores; tests/support/xdist.py groups and orders the tests (the long runs
-# first, each on a worker of its own; the tests that measure time one after another). Five
-# workers on two cores: the whole suite in ~13–14 minutes instead of ~36 (docs/development.md,
+# first, each on a worker of its own; the tests that measure time one after another). Six
+# workers on two cores: the whole suite in ~12–13 minutes instead of ~36 (docs/development.md,
 # "Tests in parallel"); make test PARALLEL= runs it serially.
-PARALLEL ?= -n 5 --dist loadgroup
+PARALLEL ?= -n 6 --dist loadgroup
 # Bytecode written, whatever the environment says (PYTHONDONTWRITEBYTECODE=1 on these machines):
 # the suite starts hundreds of interpreters, and without cached bytecode each one compiled
 # busscrape's source again and each xdist worker rewrote every test module's asserts again
