@@ -18,7 +18,7 @@ from busscrape.archive.storage.s3 import S3Storage, endpoint_of
 from busscrape.errors import ArtifactUnusable, AuthenticationFailed, ConfigurationError, StorageUnavailable
 from busscrape.settings import Settings
 from tests.support.bus import wait_until
-from tests.support.net import free_port
+from tests.support.net import refused_port
 from tests.support.s3 import S3Server, bucket_exists
 
 MiB = 1024 * 1024
@@ -100,7 +100,7 @@ async def test_s3_creates_the_bucket_and_a_second_opener_finds_it(s3):
 
 @pytest.mark.s3
 async def test_s3_unreachable_at_start_is_a_configuration_error():
-    cfg = Settings(s3={"endpoint": f"127.0.0.1:{free_port()}", "access_key": "a", "secret_key": "b"}).s3
+    cfg = Settings(s3={"endpoint": f"127.0.0.1:{refused_port()}", "access_key": "a", "secret_key": "b"}).s3
     with pytest.raises(ConfigurationError, match="cannot reach S3") as info:
         async with S3Storage(cfg):
             pass
@@ -160,7 +160,7 @@ def test_the_ingester_command_exits_3_on_refused_credentials_and_2_when_s3_is_do
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 3, refused.stderr
     assert "refused the credentials" in refused.stderr
-    down = subprocess.run(cmd, env={**base, "BUSSCRAPE_S3__ENDPOINT": f"127.0.0.1:{free_port()}"},
+    down = subprocess.run(cmd, env={**base, "BUSSCRAPE_S3__ENDPOINT": f"127.0.0.1:{refused_port()}"},
                           capture_output=True, text=True, timeout=60)
     assert down.returncode == 2, down.stderr
     assert "cannot reach S3" in down.stderr

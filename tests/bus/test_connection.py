@@ -6,11 +6,11 @@ from busscrape.bus.connection import Bus
 from busscrape.errors import EXIT_AUTH, AuthenticationFailed, NatsUnavailable
 from busscrape.ops.nats_server import EmbeddedNatsServer
 from tests.conftest import make_settings
-from tests.support.net import free_port
+from tests.support.net import refused_port
 
 
 async def test_unreachable_server_fails_fast_with_the_fix(tmp_path):
-    settings = make_settings(tmp_path, f"nats://127.0.0.1:{free_port()}", nats={"connect_timeout": 1})
+    settings = make_settings(tmp_path, f"nats://127.0.0.1:{refused_port()}", nats={"connect_timeout": 1})
     started = time.monotonic()
     with pytest.raises(NatsUnavailable) as info:
         await Bus.connect(settings, name="t")

@@ -46,7 +46,7 @@ from busscrape.settings import Settings
 from tests.ingest.test_daemon import HTML, PNG, assert_archived, produce
 from tests.support import nats_auth
 from tests.support.bus import enqueue, stream_messages, wait_until
-from tests.support.net import free_port
+from tests.support.net import free_port, refused_port
 from tests.support.pki import TestCA
 from tests.support.s3 import S3Server
 
@@ -146,7 +146,7 @@ def nats_mode(name: str, folder: Path) -> Mode:
             {f"{n}USER": "scraper", f"{n}PASSWORD": password},
             [Refusal("wrong password", {f"{n}USER": "scraper", f"{n}PASSWORD": guess}, EXIT_AUTH,
                      ("refused the credentials", f"{n}USER and {n}PASSWORD")),
-             Refusal("no server", {f"{n}URL": f"nats://127.0.0.1:{free_port()}", f"{n}USER": "scraper",
+             Refusal("no server", {f"{n}URL": f"nats://127.0.0.1:{refused_port()}", f"{n}USER": "scraper",
                                    f"{n}PASSWORD": password}, EXIT_CONFIG,
                      ("cannot connect to NATS", f"{n}URL"), timeout={f"{n}CONNECT_TIMEOUT": "1"})],
             [password, guess])
@@ -323,7 +323,7 @@ async def test_a_credential_file_that_holds_something_else_is_named_before_conne
     junk = tmp_path / "junk"
     junk.write_text("hunter2-not-a-credential\n")
     extra = {setting: junk, **({"tls_key_file": junk} if setting == "tls_cert_file" else {})}
-    settings = Settings(nats={"url": f"nats://127.0.0.1:{free_port()}", "connect_timeout": 1, **extra})
+    settings = Settings(nats={"url": f"nats://127.0.0.1:{refused_port()}", "connect_timeout": 1, **extra})
     with pytest.raises(ConfigurationError) as info:
         await Bus.connect(settings, name="t")
     assert f"BUSSCRAPE_NATS__{setting.upper()}" in str(info.value)
@@ -422,7 +422,7 @@ SECRETS = [v for k, v in SECRET_ENV.items() if not k.endswith("__USER")]
 def test_config_and_settings_errors_never_show_a_secret(tmp_path):
     env = {**base_env(tmp_path, "nats://127.0.0.1:4222"), **SECRET_ENV}
     url_pw = "urlpw-" + secrets.token_hex(8)
-    in_url = {**env, "BUSSCRAPE_NATS__URL": f"nats://scraper:{url_pw}@127.0.0.1:{free_port()}",
+    in_url = {**env, "BUSSCRAPE_NATS__URL": f"nats://scraper:{url_pw}@127.0.0.1:{refused_port()}",
               "BUSSCRAPE_NATS__CONNECT_TIMEOUT": "1"}
     del in_url["BUSSCRAPE_NATS__PASSWORD"]  # so the URL's password is the one used
     table, as_json, invalid = run_all([

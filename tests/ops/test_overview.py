@@ -20,7 +20,7 @@ from busscrape.status.records import StatusBoard, TaskStatus
 from tests.conftest import make_settings
 from tests.support import cli
 from tests.support.bus import count, enqueue, wait_until
-from tests.support.net import free_port
+from tests.support.net import refused_port
 
 
 def cli_env(nats_url: str, **extra: str) -> dict[str, str]:
@@ -139,7 +139,7 @@ async def test_status_counts_dead_letters_by_stage_and_reason_and_sizes_the_buck
     await board.record(TaskStatus(task_id="f" * 32, state="dead"))
     ref = await ArtifactStore(js).put("t/1/1/page.html", b"<p>x</p>" * 2000, "text/html", kind="html",
                                       file="page.html")
-    closed = f"http://127.0.0.1:{free_port()}"  # a monitoring URL nobody answers on
+    closed = f"http://127.0.0.1:{refused_port()}"  # a monitoring URL nobody answers on
 
     proc = await busscrape(settings.nats.url, "status", "--json", "--monitor-url", closed)
     assert proc.returncode == 0, proc.stderr
@@ -199,7 +199,7 @@ async def test_watch_refreshes_with_rates_between_refreshes_and_ctrl_c_exits_0(a
 async def test_status_exits_2_with_the_fix_when_streams_are_missing_or_nats_is_unreachable(bus, settings):
     missing = await busscrape(settings.nats.url, "status", "--json")  # `bus` wiped the server: nothing applied
     assert missing.returncode == 2 and "busscrape streams apply" in missing.stderr, missing.stderr
-    nobody = await busscrape(settings.nats.url, "status", "--nats-url", f"nats://127.0.0.1:{free_port()}")
+    nobody = await busscrape(settings.nats.url, "status", "--nats-url", f"nats://127.0.0.1:{refused_port()}")
     assert nobody.returncode == 2 and "cannot connect to NATS" in nobody.stderr, nobody.stderr
 
 

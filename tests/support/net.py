@@ -15,6 +15,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+_HELD: list[socket.socket] = []
+
+
+def refused_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` where a connection is refused for as long as the test process lives:
+    bound here without listening (and without SO_REUSEADDR), so no other process can take it. A
+    port that was only free a moment ago (``free_port``) can be taken by a server of a test
+    beside it before the connection is tried, and then something answers."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.bind((host, 0))
+    _HELD.append(sock)
+    return int(sock.getsockname()[1])
+
+
 def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
     """Block until something accepts TCP connections on host:port."""
     import time
