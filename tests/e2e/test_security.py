@@ -46,7 +46,7 @@ from busscrape.settings import Settings
 from tests.ingest.test_daemon import HTML, PNG, assert_archived, produce
 from tests.support import nats_auth
 from tests.support.bus import enqueue, stream_messages, wait_until
-from tests.support.net import free_port, refused_port
+from tests.support.net import refused_port
 from tests.support.pki import TestCA
 from tests.support.s3 import S3Server
 
@@ -459,7 +459,7 @@ async def test_a_url_with_credentials_keeps_them_out_of_the_url_and_every_messag
     assert (s.nats.password.get_secret_value(), s.nats.token.get_secret_value()) == ("hunter2", "t0ken")
     explicit = Settings(nats={"url": "nats://someone:else@127.0.0.1:4222", "user": "scraper", "password": "right"})
     assert explicit.nats.user == "scraper" and explicit.nats.password.get_secret_value() == "right"
-    port = free_port()
+    port = refused_port()
     unreachable = Settings(nats={"url": f"nats://scraper:hunter2@127.0.0.1:{port}", "connect_timeout": 1})
     with pytest.raises(NatsUnavailable) as info:
         await Bus.connect(unreachable, name="t")
