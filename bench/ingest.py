@@ -3,7 +3,8 @@
     .venv/bin/python bench/ingest.py [--results 2000] [--concurrency 8] [--upload-concurrency 8]
 
 Starts its own nats-server and S3-protocol server (MinIO through Docker when it answers, else
-moto_server; reached directly, not through the tests' fault-injection proxy), queues N results
+moto_server; reached directly, not through the tests' fault-injection proxy, or with ``--rtt-ms``
+through ``bench/rtt_proxy.py``, which makes every request a round trip longer), queues N results
 the way workers do (HTML ~100 KB, PNG ~300 KB, HAR ~200 KB in ARTIFACTS, the result on RESULTS),
 then measures:
 
@@ -24,6 +25,7 @@ import asyncio
 import gzip
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -165,6 +167,14 @@ async def stored_bytes(storage: S3Storage) -> int:
     return sum([meta["size"] async for batch in obstore.list(storage.store) for meta in batch])
 
 
+def start_relay(host: str, port: int, rtt_ms: float) -> tuple[subprocess.Popen[bytes], int]:
+    """``bench/rtt_proxy.py`` in front of the server, and the port it listens on."""
+    relay = subprocess.Popen([sys.executable, str(ROOT / "bench" / "rtt_proxy.py"), "--upstream", f"{host}:{port}",
+                              "--delay-ms", str(rtt_ms)], stdout=subprocess.PIPE)
+    assert relay.stdout is not None
+    return relay, int(relay.stdout.readline())
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (Linux /proc)."""
     try:
@@ -180,8 +190,12 @@ async def main(args: argparse.Namespace) -> None:
         nats = EmbeddedNatsServer(Path(tmp) / "nats")
         nats.start()
         s3 = S3Server(Path(tmp)).start()
+        relay: subprocess.Popen[bytes] | None = None
         try:
             host, port = s3.proxy.upstream  # straight to the server: no proxy thread in this process
+            if args.rtt_ms:  # a store a round trip away: both loops reach it through the same relay
+                relay, port = start_relay(host, port, args.rtt_ms)
+                host = "127.0.0.1"
             settings = Settings(
                 state_dir=Path(tmp) / "state", nats={"url": nats.url},
                 s3={"endpoint": f"{host}:{port}", "access_key": s3.access_key, "secret_key": s3.secret_key,
@@ -191,11 +205,14 @@ async def main(args: argparse.Namespace) -> None:
             )
             pages = variants()
             per_result = sum(len(d) for d in pages[0].values())
-            print(f"S3 server: {s3.kind}; {args.results} results of {per_result / 1000:.0f} KB (HTML, PNG, HAR) "
+            away = f", {args.rtt_ms:g} ms away" if relay else ""
+            print(f"S3 server: {s3.kind}{away}; {args.results} results of {per_result / 1000:.0f} KB (HTML, PNG, HAR) "
                   f"in {args.rounds} rounds; {args.concurrency} results and {args.upload_concurrency} uploads at once")
             raw = Raw(settings.s3, pages, args.upload_concurrency)
             raw_s = ing_s = 0.0
             pids = {"ingester": os.getpid(), "s3": s3._process.pid if s3._process else 0, "nats": nats.process.pid}
+            if relay is not None:
+                pids["relay"] = relay.pid
             cpu = {mode: {name: 0.0 for name in pids} for mode in ("raw", "ingester")}
             async with await Bus.connect(settings, name="bench-ingest") as bus, \
                     S3Storage(settings.s3, max_uploads=args.upload_concurrency) as storage:
@@ -213,6 +230,9 @@ async def main(args: argparse.Namespace) -> None:
                 ing_bytes = await stored_bytes(storage)
             await raw.storage.__aexit__(None, None, None)
         finally:
+            if relay is not None:
+                relay.kill()
+                relay.wait()
             s3.stop()
             nats.stop()
     raw_bytes = raw.sent
@@ -235,4 +255,6 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=8, help="results archived at once")
     parser.add_argument("--upload-concurrency", type=int, default=8, help="objects uploaded at once (both runs)")
     parser.add_argument("--rounds", type=int, default=4, help="alternations of raw and ingester")
+    parser.add_argument("--rtt-ms", type=float, default=0.0,
+                        help="reach the S3 server through a relay that adds this round trip (bench/rtt_proxy.py)")
     asyncio.run(main(parser.parse_args()))
