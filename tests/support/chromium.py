@@ -12,13 +12,12 @@ if TYPE_CHECKING:
 
 @contextlib.asynccontextmanager
 async def launched() -> AsyncIterator[Browser]:
-    from playwright.async_api import async_playwright
-
     from busscrape.settings import BrowserSettings
     from busscrape.worker.browser.chromium import find_chromium, launch_args
+    from busscrape.worker.browser.driver import playwright
 
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=find_chromium(BrowserSettings()).path,
+    async with playwright() as driver:
+        browser = await driver.chromium.launch(executable_path=find_chromium(BrowserSettings()).path,
                                                    args=launch_args(BrowserSettings()))
         try:
             yield browser

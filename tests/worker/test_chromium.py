@@ -6,6 +6,7 @@ from the arguments busscrape meant to pass.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 from pathlib import Path
@@ -157,3 +158,41 @@ async def test_a_pool_launches_through_a_driver_started_ahead_and_stops_it(site)
     with pytest.raises(Exception, match=r"closed|stopped|disconnected"):
         await asyncio.wait_for(playwright.chromium.launch(), timeout=30)
     await stop_driver(driver)
+
+
+def _drivers() -> dict[int, dict[str, str]]:
+    """This process's Playwright drivers (node … run-driver) and their environments."""
+    found = {}
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in map(int, children.read_text().split()):
+            with contextlib.suppress(OSError):
+                if "run-driver" in argv(pid):
+                    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    found[pid] = dict(e.decode().split("=", 1) for e in env if b"=" in e)
+    return found
+
+
+async def test_every_driver_keeps_its_compiled_code_in_nodes_compile_cache(monkeypatch, tmp_path):
+    """Node compiles Playwright's driver again at each boot unless NODE_COMPILE_CACHE names a
+    folder (worker/browser/driver.py): a pool's own driver and one started ahead both get one —
+    Node's default under the temporary folder, or the environment's — and Node fills it."""
+    import tempfile
+
+    from busscrape.worker.browser.driver import start_driver, stop_driver
+
+    monkeypatch.delenv("NODE_COMPILE_CACHE", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    default = tmp_path / "node-compile-cache"
+    async with pool():
+        [env] = _drivers().values()
+        assert env.get("NODE_COMPILE_CACHE") == str(default)
+    assert [p for p in default.rglob("*") if p.is_file()], "the driver left nothing in its compile cache"
+
+    own = tmp_path / "the-operators-own"
+    monkeypatch.setenv("NODE_COMPILE_CACHE", str(own))
+    driver = start_driver()
+    await driver
+    [env] = _drivers().values()
+    assert env["NODE_COMPILE_CACHE"] == str(own)
+    await stop_driver(driver)
+    assert [p for p in own.rglob("*") if p.is_file()]

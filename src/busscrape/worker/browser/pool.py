@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from playwright.async_api import Browser, Playwright, async_playwright
+from playwright.async_api import Browser, Playwright
 from playwright.async_api import Error as PlaywrightError
 
 from busscrape.errors import BrowserCrashed
 from busscrape.ops.lifeline import running
 from busscrape.settings import BrowserSettings
 from busscrape.worker.browser.chromium import PROXIED_ARGS, launch_args, launch_env, require_chromium
+from busscrape.worker.browser.driver import playwright
 from busscrape.worker.browser.tabs import Tab
 
 log = structlog.get_logger("busscrape.browser")
@@ -80,7 +81,7 @@ class BrowserPool:
         if self._entered:
             raise RuntimeError("a BrowserPool can be entered only once")
         self._entered = True
-        self._pw = await (self._driver if self._driver is not None else async_playwright().start())
+        self._pw = await (self._driver if self._driver is not None else playwright().start())
         await self._launch()
         return self
 
