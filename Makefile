@@ -4,7 +4,7 @@
 # The suite mostly waits (timers, Chromium, servers), so it can run in parallel: pytest-xdist with
 # more workers than cores; tests/support/xdist.py groups and orders the tests (the long runs
 # first, each on a worker of its own; the tests that measure time one after another). Six
-# workers on two cores: the whole suite in ~12–13 minutes instead of ~36 (docs/development.md,
+# workers on two cores: the whole suite in ~12–14 minutes instead of ~36 (docs/development.md,
 # "Tests in parallel"); make test PARALLEL= runs it serially.
 PARALLEL ?= -n 6 --dist loadgroup
 # Bytecode written, whatever the environment says (PYTHONDONTWRITEBYTECODE=1 on these machines):
