@@ -45,12 +45,13 @@ def kind(pid: str) -> str | None:
     return exe or None
 
 
-def cpu(pid: str) -> float | None:
+def stat(pid: str) -> tuple[str, float] | None:
+    """The process's start time (with its pid, what names it: pids are reused) and CPU so far."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return fields[19], (int(fields[11]) + int(fields[12])) / TICK
 
 
 def main() -> int:
@@ -67,19 +68,16 @@ def main() -> int:
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
-            try:
-                start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-            except (OSError, IndexError):
+            if (read := stat(pid)) is None:
                 continue
+            start, used = read
             key = (pid, start)
             if key not in kinds:
                 found = kind(pid)
                 if found is None:
                     continue
                 kinds[key] = found
-            used = cpu(pid)
-            if used is not None:
-                into[key] = max(into.get(key, 0.0), used)
+            into[key] = max(into.get(key, 0.0), used)
 
     sample(before)
     started = time.monotonic()

@@ -62,6 +62,7 @@ from tests.support.deploy import (
     k8s_env,
     k8s_files,
     keda_validator,
+    make_test_pytest,
     parse_command,
     promql_metrics,
     settings_from,
@@ -547,10 +548,8 @@ def test_missing_podman_skips_outside_ci_and_fails_in_it(env: dict[str, str], fa
 
 
 def test_make_test_requires_the_containers_and_bootstrap_installs_podman() -> None:
-    makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^PYTEST = .*\.venv/bin/python -m pytest$", makefile, re.MULTILINE)
-    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    pytest_line = next(line for line in recipe.splitlines() if "$(PYTEST)" in line)
-    assert "BUSSCRAPE_REQUIRE_CONTAINERS=1 " in pytest_line.split("$(PYTEST)")[0]
+    variables, pytest_command = make_test_pytest()
+    assert pytest_command.endswith(".venv/bin/python -m pytest"), pytest_command
+    assert "BUSSCRAPE_REQUIRE_CONTAINERS=1" in variables.split()
     bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
     assert re.search(r"apt-get install[^\n]* podman runc mmdebstrap", bootstrap)

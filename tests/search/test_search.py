@@ -8,7 +8,6 @@ with a real worker in real Chromium, archives it with a real ingester, and finds
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 from datetime import UTC, datetime, timedelta
 
@@ -309,9 +308,8 @@ def test_a_missing_postgresql_skips_outside_ci_and_fails_in_it(env, fails):
 
 
 def test_make_test_requires_postgresql():
-    from pathlib import Path
+    from tests.support.deploy import make_test_pytest
 
-    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
-    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    assert "BUSSCRAPE_REQUIRE_POSTGRES=1 $(PYTEST)" in recipe
-    assert re.search(r"^PYTEST = .*\.venv/bin/python -m pytest$", makefile, re.MULTILINE)
+    variables, pytest_command = make_test_pytest()
+    assert "BUSSCRAPE_REQUIRE_POSTGRES=1" in variables.split()
+    assert pytest_command.endswith(".venv/bin/python -m pytest"), pytest_command

@@ -296,3 +296,13 @@ def promql_metrics(expr: str) -> set[str]:
             if m.group() not in PROMQL_KEYWORDS and not text[m.end():].lstrip().startswith("(")}
 
 
+
+
+def make_test_pytest() -> tuple[str, str]:
+    """``make test``'s pytest line read from the Makefile: what it sets before ``$(PYTEST)`` (the
+    variables CI runs the suite with), and what ``PYTEST`` is defined as."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    line = next(line for line in recipe.splitlines() if "$(PYTEST)" in line)
+    defined = re.search(r"^PYTEST = (.*)$", makefile, re.MULTILINE)
+    return line.split("$(PYTEST)")[0].strip().lstrip("@"), defined.group(1) if defined else ""
