@@ -26,11 +26,16 @@ from tests.conftest import make_settings
 from tests.support import pages
 from tests.support.bus import stream_messages, wait_until
 from tests.support.procs import env_for, spawn
+from tests.support.zygote import ZYGOTE, Forked
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str] | Forked:
+    """``busscrape ARGS`` left running (its output, stderr included, for ``communicate``), in a
+    session of its own; forked from the test zygote where that starts the same as a fresh one."""
+    if ZYGOTE.can_run(env):
+        return ZYGOTE.popen(args, env, cwd=cwd)
     return subprocess.Popen([sys.executable, "-m", "busscrape", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 

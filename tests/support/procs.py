@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from busscrape.settings import Settings
+from tests.support.zygote import ZYGOTE, Forked
 
 
 def env_for(settings: Settings, **extra: str) -> dict[str, str]:
@@ -28,8 +29,11 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``python -m busscrape ARGS`` in its own process group, output to ``log``."""
+def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes] | Forked:
+    """``python -m busscrape ARGS`` in its own process group, output to ``log``: forked from the
+    test zygote where it starts the same as a fresh interpreter (tests/support/zygote.py)."""
+    if ZYGOTE.can_run(env):
+        return ZYGOTE.popen(args, env, log=log, text=False)
     out = open(log, "ab")
     try:
         return subprocess.Popen([sys.executable, "-m", "busscrape", *args], env=env, stdout=out,
@@ -38,7 +42,7 @@ def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
         out.close()
 
 
-def kill9(proc: subprocess.Popen[bytes]) -> None:
+def kill9(proc: subprocess.Popen[bytes] | Forked) -> None:
     """SIGKILL the process alone (not its group): a crash, not a tidy shutdown."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
@@ -81,7 +85,7 @@ def leftover_chromium(log: Path, wait: float = 10.0) -> list[int]:
         time.sleep(0.2)
 
 
-async def listening_port(log: Path, event: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
+async def listening_port(log: Path, event: str, proc: subprocess.Popen[bytes] | Forked, timeout: float = 60) -> int:
     """The port a process chose for itself (port 0), from the JSON log line ``event`` it writes
     once it listens (``api.listening``, ``health.listening``). A port picked free by the test and
     handed over can be taken by another test's server before the process binds it, and then that
