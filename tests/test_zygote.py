@@ -10,14 +10,15 @@ from tests.support.cli import clean_env
 from tests.support.procs import kill9, spawn
 from tests.support.zygote import ZYGOTE, Forked
 
-# Nothing listens on the discard port: a worker retries its connection for 5 s, then exits 2.
+# Nothing listens on the discard port: a daemon retries its connection for 5 s, then exits 2. The
+# ingester, whose start launches no Chromium.
 UNREACHABLE = {"BUSSCRAPE_NATS__URL": "nats://127.0.0.1:9", "BUSSCRAPE_NATS__CONNECT_TIMEOUT": "5s"}
 
 
 def test_a_spawned_daemon_has_its_own_session_its_log_and_its_exit_status(tmp_path):
-    log = tmp_path / "w.log"
+    log = tmp_path / "i.log"
     log.write_text("before\n")
-    proc = spawn(["worker"], clean_env(**UNREACHABLE), log)
+    proc = spawn(["ingester", "--archive", str(tmp_path / "a")], clean_env(**UNREACHABLE), log)
     assert isinstance(proc, Forked)  # forked, not a fresh interpreter
     assert proc.poll() is None
     assert os.getsid(proc.pid) == proc.pid  # start_new_session: signals to its group reach it alone
@@ -29,14 +30,14 @@ def test_a_spawned_daemon_has_its_own_session_its_log_and_its_exit_status(tmp_pa
 
 
 def test_a_signal_ends_a_forked_daemon_and_wait_reports_it_as_popen_does(tmp_path):
-    proc = spawn(["worker"], clean_env(**UNREACHABLE), tmp_path / "w.log")
+    proc = spawn(["ingester", "--archive", str(tmp_path / "a")], clean_env(**UNREACHABLE), tmp_path / "i.log")
     kill9(proc)
     assert proc.returncode == -signal.SIGKILL
     proc.send_signal(signal.SIGTERM)  # once its end is known, a no-op (its pid may be someone else's)
 
 
 def test_communicate_returns_the_output_of_a_command_left_running(tmp_path):
-    proc = ZYGOTE.popen(["worker"], clean_env(**UNREACHABLE), cwd=tmp_path)
+    proc = ZYGOTE.popen(["ingester", "--archive", "a"], clean_env(**UNREACHABLE), cwd=tmp_path)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and err is None
     assert "cannot connect to NATS" in out
