@@ -12,8 +12,8 @@ The daemons the tests start themselves (``tests/support/procs.py``'s ``spawn``) 
 ``crawl`` commands they watch while they run (``tests/e2e/test_run.py``'s ``cli``) are forked the
 same way, through ``Zygote.popen``: a handle with the part of ``subprocess.Popen`` the tests use
 (pid, poll, wait, signals, communicate), in a session of their own as ``start_new_session`` gives.
-Each saved ~0.5 s of CPU a process (a fresh worker imports Typer, pydantic, nats-py and Playwright
-again), a few hundred of them across the suite.
+A fresh daemon imports Typer, pydantic, nats-py and Playwright again: forked, ~0.3 s of CPU less
+each (measured on 37 daemon-heavy tests, docs/development.md).
 
 What a forked command cannot show, the fresh interpreter still runs: a test that sets a
 ``PYTHON*`` variable (a module blocked on ``PYTHONPATH``) starts ``python -m busscrape``;
