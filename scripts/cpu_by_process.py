@@ -24,6 +24,16 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+# ``python -c`` processes, by what their code names. The test zygote's forks (the commands and
+# daemons the tests start: tests/support/zygote.py) keep the zygote's command line.
+_PYTHON_C = (
+    (b"tests.support.zygote", "python:test zygote and its forks (the tests' commands and daemons)"),
+    (b"multiprocessing.forkserver", "python:fork server of run, crawl and demo (its daemons name themselves busscrape)"),
+    (b"multiprocessing.resource_tracker", "python:multiprocessing resource tracker"),
+    (b"exec(eval(", "python:pytest-xdist workers"),
+)
+
+
 def kind(pid: str) -> str | None:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -40,7 +50,11 @@ def kind(pid: str) -> str | None:
         if len(argv) > 2 and argv[1] == b"-m":
             return f"python:-m {argv[2].decode(errors='replace')}"
         if b"-c" in argv[1:3]:
-            return "python -c (pytest-xdist's workers among them)"
+            code = argv[argv.index(b"-c") + 1] if argv.index(b"-c") + 1 < len(argv) else b""
+            for marker, name in _PYTHON_C:
+                if marker in code:
+                    return name
+            return "python -c (other)"
         return f"python:{os.path.basename(rest[0])}" if rest else "python"
     return exe or None
 
