@@ -28,7 +28,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 # daemons the tests start: tests/support/zygote.py) keep the zygote's command line.
 _PYTHON_C = (
     (b"tests.support.zygote", "python:test zygote and its forks (the tests' commands and daemons)"),
-    (b"multiprocessing.forkserver", "python:fork server of run, crawl and demo (its daemons name themselves busscrape)"),
+    (b"multiprocessing.forkserver", "python:fork server of run, crawl and demo (its daemons: busscrape)"),
     (b"multiprocessing.resource_tracker", "python:multiprocessing resource tracker"),
     (b"exec(eval(", "python:pytest-xdist workers"),
 )
