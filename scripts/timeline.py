@@ -13,16 +13,24 @@ import sys
 from collections import defaultdict
 
 
+def module(row: dict) -> str:
+    """The test's module; the session teardowns (a worker's last test's teardown ends the session's
+    fixtures, tests/support/timeline.py) are a row each, counted together."""
+    return "(session teardowns)" if row["test"].startswith("(") else row["test"].split("::", 1)[0]
+
+
 def main(path: str, top: int = 15) -> None:
     rows = [json.loads(line) for line in open(path, encoding="utf-8")]
     t0 = min(r["start"] for r in rows)
     by_worker: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_worker[r["worker"]].append(r)
-    print(f"{len(rows)} tests, makespan {max(r['end'] for r in rows) - t0:.0f} s")
+    tests_only = [r for r in rows if not r["test"].startswith("(")]
+    print(f"{len(tests_only)} tests, makespan {max(r['end'] for r in rows) - t0:.0f} s")
     for worker, tests in sorted(by_worker.items()):
         busy = sum(r["end"] - r["start"] for r in tests)
-        print(f"{worker}: {len(tests)} tests, busy {busy:.0f} s, first {min(r['start'] for r in tests) - t0:.0f} s, "
+        count = sum(not r["test"].startswith("(") for r in tests)
+        print(f"{worker}: {count} tests, busy {busy:.0f} s, first {min(r['start'] for r in tests) - t0:.0f} s, "
               f"last end {max(r['end'] for r in tests) - t0:.0f} s")
     print("longest tests:")
     for r in sorted(rows, key=lambda r: r["start"] - r["end"])[:top]:
@@ -33,13 +41,13 @@ def main(path: str, top: int = 15) -> None:
             print(f"  {r['cpu']:6.1f} s CPU in {r['end'] - r['start']:6.1f} s  {r['test']}")
         cpu: dict[str, float] = defaultdict(float)
         for r in rows:
-            cpu[r["test"].split("::", 1)[0]] += r["cpu"]
+            cpu[module(r)] += r["cpu"]
         print("most CPU by module:")
         for name, total in sorted(cpu.items(), key=lambda kv: -kv[1])[:top]:
             print(f"  {total:6.1f} s  {name}")
     modules: dict[str, float] = defaultdict(float)
     for r in rows:
-        modules[r["test"].split("::", 1)[0]] += r["end"] - r["start"]
+        modules[module(r)] += r["end"] - r["start"]
     print("longest modules:")
     for name, total in sorted(modules.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {total:6.1f} s  {name}")

@@ -24,10 +24,34 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         return (yield)
     finally:
         if PATH:
-            line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-                    "start": start, "end": time.time(), "cpu": _cpu() - cpu}
+            end, used = time.time(), _cpu() - cpu
+            rows = []
+            last = _LAST_TEARDOWN.pop(item.nodeid, None)
+            if last is not None:
+                # The worker's last test: its teardown also ends the module's and the session's
+                # fixtures (the shared Chromium, the zygote, the servers), whose reaped processes
+                # would otherwise count as this test's CPU. A row of their own.
+                rows.append({"test": f"(the session's teardown, after {item.nodeid})", **last})
+                end, used = last["start"], used - last["cpu"]
+            rows.insert(0, {"test": item.nodeid, "start": start, "end": end, "cpu": used})
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
             with open(PATH, "a", encoding="utf-8") as out:
-                out.write(json.dumps(line) + "\n")
+                for row in rows:
+                    out.write(json.dumps({**row, "worker": worker}) + "\n")
+
+
+_LAST_TEARDOWN: dict[str, dict[str, float]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    if nextitem is not None or not PATH:
+        return (yield)
+    start, cpu = time.time(), _cpu()
+    try:
+        return (yield)
+    finally:
+        _LAST_TEARDOWN[item.nodeid] = {"start": start, "end": time.time(), "cpu": _cpu() - cpu}
 
 
 def _cpu() -> float:
