@@ -13,10 +13,15 @@ import sys
 from collections import defaultdict
 
 
+def is_test(row: dict) -> bool:
+    """A test's row, not a session teardown's (a worker's last test's teardown ends the session's
+    fixtures: a row of its own, named in parentheses; tests/support/timeline.py)."""
+    return not row["test"].startswith("(")
+
+
 def module(row: dict) -> str:
-    """The test's module; the session teardowns (a worker's last test's teardown ends the session's
-    fixtures, tests/support/timeline.py) are a row each, counted together."""
-    return "(session teardowns)" if row["test"].startswith("(") else row["test"].split("::", 1)[0]
+    """The test's module; the session teardowns counted together."""
+    return row["test"].split("::", 1)[0] if is_test(row) else "(session teardowns)"
 
 
 def main(path: str, top: int = 15) -> None:
@@ -25,12 +30,11 @@ def main(path: str, top: int = 15) -> None:
     by_worker: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_worker[r["worker"]].append(r)
-    tests_only = [r for r in rows if not r["test"].startswith("(")]
-    print(f"{len(tests_only)} tests, makespan {max(r['end'] for r in rows) - t0:.0f} s")
+    print(f"{sum(map(is_test, rows))} tests, makespan {max(r['end'] for r in rows) - t0:.0f} s")
     for worker, tests in sorted(by_worker.items()):
         busy = sum(r["end"] - r["start"] for r in tests)
-        count = sum(not r["test"].startswith("(") for r in tests)
-        print(f"{worker}: {count} tests, busy {busy:.0f} s, first {min(r['start'] for r in tests) - t0:.0f} s, "
+        print(f"{worker}: {sum(map(is_test, tests))} tests, busy {busy:.0f} s, "
+              f"first {min(r['start'] for r in tests) - t0:.0f} s, "
               f"last end {max(r['end'] for r in tests) - t0:.0f} s")
     print("longest tests:")
     for r in sorted(rows, key=lambda r: r["start"] - r["end"])[:top]:

@@ -168,14 +168,19 @@ class Zygote:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="busscrape-zygote-"))
-        self._socket = str(self._dir / "s")
-        atexit.register(self.close)  # every test process imports this: its folder goes at exit
+        # Made at the first command, not at import: the zygote imports this module too, and every
+        # process it forks runs its exit handlers.
+        self._dir: Path | None = None
 
-    def _start(self) -> None:
+    def _start(self) -> Path:
+        """The zygote running (started if need be); returns this process's folder for it."""
         with self._lock:
+            if self._dir is None:
+                self._dir = Path(tempfile.mkdtemp(prefix="busscrape-zygote-"))
+                atexit.register(self.close)  # its folder goes at exit
+            self._socket = str(self._dir / "s")
             if self._process is not None and self._process.poll() is None:
-                return
+                return self._dir
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._socket)
             root = str(Path(__file__).resolve().parents[2])
@@ -186,12 +191,14 @@ class Zygote:
             assert self._process.stdout is not None
             if self._process.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the test zygote did not start (exit {self._process.wait(30)})")
+            return self._dir
 
     def close(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait(10)
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     @staticmethod
     def can_run(env: dict[str, str]) -> bool:
@@ -205,27 +212,24 @@ class Zygote:
 
     def run(self, args: list[str], env: dict[str, str], cwd: Path | None, stdin: str | bytes | None,
             timeout: float, text: bool = True) -> subprocess.CompletedProcess[Any]:
-        self._start()
-        with tempfile.TemporaryDirectory(dir=self._dir) as tmp:
+        folder = self._start()
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
             paths = {name: Path(tmp) / name for name in ("stdin", "stdout", "stderr")}
             paths["stdin"].write_bytes(stdin.encode() if isinstance(stdin, str) else stdin or b"")
             for name in ("stdout", "stderr"):
                 paths[name].touch()
             request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd()),
                        **{name: str(path) for name, path in paths.items()}}
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.connect(self._socket)
-                conn.settimeout(timeout)
-                with conn.makefile("rwb") as channel:
-                    channel.write(json.dumps(request).encode() + b"\n")
-                    channel.flush()
-                    pid = int(channel.readline())
-                    try:
-                        code = int(channel.readline())
-                    except TimeoutError:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                        raise subprocess.TimeoutExpired(["busscrape", *args], timeout) from None
+            conn, channel = self._send(request)
+            conn.settimeout(timeout)
+            with conn, channel:
+                pid = int(channel.readline())
+                try:
+                    code = int(channel.readline())
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    raise subprocess.TimeoutExpired(["busscrape", *args], timeout) from None
             out, err = (paths[name].read_bytes() for name in ("stdout", "stderr"))
         if text:
             return subprocess.CompletedProcess(["busscrape", *args], code, out.decode(errors="replace"),
@@ -237,18 +241,22 @@ class Zygote:
         """``python -m busscrape ARGS`` started and left running, as ``subprocess.Popen`` with
         ``start_new_session=True`` and stderr into stdout would: its output appended to ``log``, or
         kept for ``communicate`` when there is none; stdin from /dev/null."""
-        self._start()
+        folder = self._start()
         capture = None
         if log is None:
-            capture = log = Path(tempfile.mkdtemp(dir=self._dir)) / "output"
+            capture = log = Path(tempfile.mkdtemp(dir=folder)) / "output"
         request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd()), "stdin": os.devnull,
                    "stdout": str(log), "stderr": str(log), "append": True, "session": True}
+        return Forked(["busscrape", *args], *self._send(request), capture, text)
+
+    def _send(self, request: dict[str, object]) -> tuple[socket.socket, Any]:
+        """One request to the zygote: the connection and its channel, for the pid and the exit status."""
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self._socket)
         channel = conn.makefile("rwb")
         channel.write(json.dumps(request).encode() + b"\n")
         channel.flush()
-        return Forked(["busscrape", *args], conn, channel, capture, text)
+        return conn, channel
 
 
 class Forked:
