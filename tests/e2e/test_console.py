@@ -9,19 +9,20 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from playwright.async_api import expect
 
 from busscrape.bus import names, provision, topology
 from busscrape.bus.connection import Bus
 from tests.conftest import make_settings
 from tests.e2e.test_run import run_env
-from tests.support import pages
 from tests.support.chromium import launched
 from tests.support.procs import listening_port
 
@@ -68,11 +69,27 @@ def figure(text: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
+def held_pages(site) -> threading.Event:
+    """``/held?n=…``: a two-second page that is not answered before the returned event is set (at
+    most 100 s), so a run's counts move while the console is watched. Without it a loaded machine
+    once had 8 of 10 pages archived before the console first loaded, and saw them no more."""
+    released = threading.Event()
+
+    @site.route("/held")
+    async def held(request: web.Request) -> web.StreamResponse:
+        await asyncio.to_thread(released.wait, 100)
+        await asyncio.sleep(2)
+        return web.Response(text=f"<title>held {request.query.get('n')}</title>", content_type="text/html")
+
+    return released
+
+
 async def test_the_console_shows_a_runs_counts_moving_and_reaching_its_summary(tmp_path, site):
-    pages.install(site)
-    urls = [site.url(f"/slow?s=2&n={i}") for i in range(10)] + [site.url(f"/missing-{i}") for i in range(2)]
+    released = held_pages(site)
+    urls = [site.url(f"/held?n={i}") for i in range(10)] + [site.url(f"/missing-{i}") for i in range(2)]
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
-    env = run_env(tmp_path, site)
+    # The held pages wait for the console: their navigation may take that long.
+    env = run_env(tmp_path, site, BUSSCRAPE_WORKER__NAVIGATION_TIMEOUT="150s", BUSSCRAPE_WORKER__TASK_TIMEOUT="200s")
     runner = subprocess.Popen([sys.executable, "-m", "busscrape", "run", "urls.txt", "--workers", "1", "--json"],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               start_new_session=True)
@@ -96,12 +113,14 @@ async def test_the_console_shows_a_runs_counts_moving_and_reaching_its_summary(t
                 # A read the bus did not answer in time (a loaded machine, the run's streams just
                 # made) is a 503 page that loads itself again: the overview comes all the same.
                 await expect(page.locator("#total-archived")).to_be_visible(timeout=60_000)
+                released.set()
                 while runner.poll() is None:  # the page refreshes itself; read what it shows
                     seen.append((figure(await page.locator("#total-archived").inner_text()),
                                  figure(await page.locator("#total-dead").inner_text())))
                     await asyncio.sleep(0.3)
         output, _ = await asyncio.to_thread(runner.communicate, timeout=240)
     finally:
+        released.set()
         if runner.poll() is None:
             runner.kill()
             runner.wait()
