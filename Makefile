@@ -1,5 +1,5 @@
 # The two commands of the README. Both bootstrap first (idempotent, fast when done).
-.PHONY: demo test test-fast lint bench docs
+.PHONY: demo test test-fast test-stress lint bench docs
 
 # The suite mostly waits (timers, Chromium, servers), so it can run in parallel: pytest-xdist with
 # more workers than cores; tests/support/xdist.py groups and orders the tests (the long runs
@@ -30,6 +30,14 @@ test:
 test-fast:
 	@scripts/bootstrap.sh test
 	@$(PYTEST) -q -ra $(PARALLEL) -m "not slow and not browser"
+
+# The suite beside HOGS processes that only spin on the CPU: a timing margin that holds on a
+# quiet machine and not on a loaded one (a CI run's load reaches 15–20) fails here first.
+# ARGS go to pytest, e.g. make test-stress ARGS=--ignore=tests/deploy (docs/development.md).
+HOGS ?= 4
+test-stress:
+	@scripts/bootstrap.sh test
+	@scripts/with_cpu_hogs.sh $(HOGS) $(PYTEST) -q -ra $(PARALLEL) $(ARGS)
 
 lint:
 	@.venv/bin/ruff check src tests bench scripts
