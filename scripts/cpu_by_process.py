@@ -50,7 +50,8 @@ def kind(pid: str) -> str | None:
         if len(argv) > 2 and argv[1] == b"-m":
             return f"python:-m {argv[2].decode(errors='replace')}"
         if b"-c" in argv[1:3]:
-            code = argv[argv.index(b"-c") + 1] if argv.index(b"-c") + 1 < len(argv) else b""
+            at = argv.index(b"-c") + 1
+            code = argv[at] if at < len(argv) else b""
             for marker, name in _PYTHON_C:
                 if marker in code:
                     return name

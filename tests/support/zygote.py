@@ -171,14 +171,15 @@ class Zygote:
         # Made at the first command, not at import: the zygote imports this module too, and every
         # process it forks runs its exit handlers.
         self._dir: Path | None = None
+        self._socket = ""
 
     def _start(self) -> Path:
         """The zygote running (started if need be); returns this process's folder for it."""
         with self._lock:
             if self._dir is None:
                 self._dir = Path(tempfile.mkdtemp(prefix="busscrape-zygote-"))
+                self._socket = str(self._dir / "s")
                 atexit.register(self.close)  # its folder goes at exit
-            self._socket = str(self._dir / "s")
             if self._process is not None and self._process.poll() is None:
                 return self._dir
             with contextlib.suppress(FileNotFoundError):
