@@ -167,7 +167,8 @@ async def test_a_crawl_with_every_hard_part_obeys_seeds_archives_once_finishes_a
     # home page once waited 1.06 s for its answer, and its stamp came 1.11 s before the next).
     archive = tmp_path / "state" / "archive"
     sent, answered_in = page_requests(archive)
-    assert len(sent) == BUDGET and min(gaps(sent)) >= CRAWL_DELAY, gaps(sent)
+    between = gaps(sent)
+    assert len(sent) == BUDGET and min(between) >= CRAWL_DELAY, between
     seen = gaps(t for path, t in pages.pages if path not in NOT_PAGES)
     assert seen and min(seen) >= CRAWL_DELAY - answered_in, (seen, answered_in)
 

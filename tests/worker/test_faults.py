@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
@@ -33,22 +34,27 @@ def stamps(site):
     return pages.install(site)
 
 
-@pytest.fixture
-async def fast_redelivery(bus, wsettings):  # noqa: F811
-    """Streams with a 3s ack_wait, so a dead worker's task comes back quickly."""
-    s = wsettings.with_overrides(streams={"worker_ack_wait": "3s", "worker_max_deliver": 2, "worker_max_deferrals": 0})
+async def fast_redelivery_streams(bus, settings, deferrals: int):
+    """Streams with a 3s ack_wait, so a dead worker's task comes back quickly; two deliveries
+    that reach the page, and ``deferrals`` more that do not."""
+    s = settings.with_overrides(streams={"worker_ack_wait": "3s", "worker_max_deliver": 2,
+                                          "worker_max_deferrals": deferrals})
     await provision.apply(bus.js, topology.load(s))
     return s
+
+
+@pytest.fixture
+async def fast_redelivery(bus, wsettings):  # noqa: F811
+    """No room for deliveries that do not reach the page: the second delivery is the last."""
+    return await fast_redelivery_streams(bus, wsettings, deferrals=0)
 
 
 @pytest.fixture
 async def fast_redelivery_with_room(bus, wsettings):  # noqa: F811
-    """fast_redelivery with room for two deliveries that never reach the page (a worker whose
-    request Chromium dropped when a container test changed this host's network: an outage, which
-    naks the task without spending an attempt) for the tests that are not about reaping."""
-    s = wsettings.with_overrides(streams={"worker_ack_wait": "3s", "worker_max_deliver": 2, "worker_max_deferrals": 2})
-    await provision.apply(bus.js, topology.load(s))
-    return s
+    """Room for two deliveries that never reach the page (a worker whose request Chromium dropped
+    when a container test changed this host's network: an outage, which naks the task without
+    spending an attempt) for the tests that are not about reaping."""
+    return await fast_redelivery_streams(bus, wsettings, deferrals=2)
 
 
 def start_worker(settings, tmp_path, name: str) -> subprocess.Popen[bytes]:
@@ -93,7 +99,7 @@ async def kill_a_worker_on_each_delivery(settings, tmp_path, stamps, round_: int
         log = tmp_path / f"victim{round_}-{delivery}.log"
         victim = start_worker(settings, tmp_path, log.stem)
         try:
-            await wait_until(lambda n=before + delivery, log=log: hit_or_outage(stamps, n, log), 60)
+            await wait_until(functools.partial(hit_or_outage, stamps, before + delivery, log), 60)
         finally:
             kill9(victim)
         if met_an_outage(log):
