@@ -87,8 +87,10 @@ async def test_sigkill_mid_render_redelivers_to_another_worker_and_ends_with_one
     assert len(stamps["/slow"]) == 2
 
 
-def met_an_outage(log) -> bool:
-    return log.exists() and "task.outage" in log.read_text()
+def outages(log) -> int:
+    """Deliveries this worker's log says met an outage (Chromium's ERR_NETWORK_CHANGED beside a
+    container test, say): each naked the task, no attempt spent, one more delivery on the count."""
+    return log.read_text().count('"task.outage"') if log.exists() else 0
 
 
 async def kill_a_worker_on_each_delivery(settings, tmp_path, stamps, round_: int) -> bool:
@@ -102,13 +104,13 @@ async def kill_a_worker_on_each_delivery(settings, tmp_path, stamps, round_: int
             await wait_until(functools.partial(hit_or_outage, stamps, before + delivery, log), 60)
         finally:
             kill9(victim)
-        if met_an_outage(log):
+        if outages(log):
             return False
     return True
 
 
 async def hit_or_outage(stamps, n: int, log) -> bool:
-    return len(stamps.get("/slow", [])) >= n or met_an_outage(log)
+    return len(stamps.get("/slow", [])) >= n or outages(log) > 0
 
 
 async def test_a_worker_killed_on_the_last_delivery_is_reaped_into_deadletter(
@@ -222,7 +224,8 @@ async def test_sigterm_past_the_grace_period_hands_the_task_back_at_once(bus, sl
     worker.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(worker.wait, 30) == 0
     assert leftover_chromium(tmp_path / "impatient.log") == []
-    assert await handed_back(bus.js) == 2  # nak'ed: the 10-minute ack_wait cannot have run out
+    # nak'ed: the 10-minute ack_wait cannot have run out
+    assert await handed_back(bus.js) == 2 + outages(tmp_path / "impatient.log")
 
 
 async def test_a_second_signal_stops_at_once_and_hands_the_task_back(bus, slow_redelivery, site, stamps, tmp_path):
@@ -235,7 +238,7 @@ async def test_a_second_signal_stops_at_once_and_hands_the_task_back(bus, slow_r
     assert await asyncio.to_thread(worker.wait, 20) == 0
     assert leftover_chromium(tmp_path / "twice.log") == []
     assert '"worker.stopping_now"' in (tmp_path / "twice.log").read_text()
-    assert await handed_back(bus.js) == 2
+    assert await handed_back(bus.js) == 2 + outages(tmp_path / "twice.log")  # handed back at once: delivered again
 
 
 async def logged(log, event: str) -> bool:
