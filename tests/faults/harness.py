@@ -34,6 +34,7 @@ from busscrape.archive.storage import open_storage
 from busscrape.artifacts.store import ArtifactStore
 from busscrape.bus import names
 from busscrape.bus.connection import Bus
+from busscrape.errors import StorageUnavailable
 from busscrape.model.messages import DeadLetter, decode
 from busscrape.ops.lifeline import PidFiles
 from busscrape.ops.nats_server import EmbeddedNatsServer
@@ -338,6 +339,19 @@ class Audit:
                 f"duplicates={self.duplicates} faults={faults}")
 
 
+async def nameless_chunks(bus: Bus, within: float = 60) -> list[str]:
+    """The artifact store's nameless chunks, read again while the cluster still elects leaders
+    after the last restart (the scan raises ``StorageUnavailable`` then: an outage costs time)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return sorted(await ArtifactStore(bus.js).nameless_chunks())
+        except StorageUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1)
+
+
 async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
     storage = open_storage(settings)
     archived: Counter[str] = Counter()
@@ -367,7 +381,7 @@ async def audit(bus: Bus, settings: Settings, dispatched: set[str]) -> Audit:
     metas = await bus.js.stream_info(names.ARTIFACTS_STREAM, subjects_filter=names.object_metas(names.ARTIFACTS_BUCKET))
     stored_names = sorted(names.object_name_of(subject)
                    for subject in metas.state.subjects or {})
-    nameless = sorted(await ArtifactStore(bus.js).nameless_chunks()) if objects else []
+    nameless = await nameless_chunks(bus) if objects else []
     return Audit(dispatched=dispatched, archived=archived, results=results, dead=dead, poison_found=poison_found,
                  tasks_left=tasks.state.messages,
                  results_pending=(ingest.num_pending or 0) + (ingest.num_ack_pending or 0), witness_lag=witness_lag,
