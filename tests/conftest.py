@@ -46,7 +46,7 @@ from tests.support.xdist import arrange
 if TYPE_CHECKING:
     from playwright.async_api import Browser
 
-pytest_plugins = ["tests.support.timeline"]
+pytest_plugins = ["tests.support.timeline", "tests.support.netns"]
 
 # Read before the environment is cleaned: whether PostgreSQL, emulators or containers may be skipped.
 ENV_AT_START = environment.AT_START

@@ -18,7 +18,8 @@ import pytest
 from tests.support.containers import STACK, Images, Stack, podman
 
 # The first test also waits for the stack's image builds (minutes on a fresh podman store). A
-# group of its own: the stack holds the host's ports 4222, 8222 and 9000 for minutes.
+# group of its own: the stack holds ports 4222, 8222 and 9000 (in the container tests' network
+# namespace, tests/support/netns.py) for minutes, beside the images' tests.
 pytestmark = [pytest.mark.slow, pytest.mark.containers("compose"), pytest.mark.timeout(1800)]
 
 

@@ -4,8 +4,9 @@ No Docker engine runs on these machines and no registry is reachable, but Debian
 run images, and ``scripts/base-image.sh`` makes the Python base from the machine's own apt mirrors
 (mmdebstrap, then ``podman import``). Every Dockerfile takes that base through its
 ``PYTHON_IMAGE`` build argument; builds use the host's network, so apt and pip inside reach what
-the machine reaches. Podman's layer cache keeps the images between runs: a second session only
-checks that nothing changed.
+the machine reaches. Everything else runs in the container tests' own network namespace
+(tests/support/netns.py), out of the other tests' sight. Podman's layer cache keeps the images
+between runs: a second session only checks that nothing changed.
 
 Podman reads tests/deploy/containers.conf (through ``CONTAINERS_CONF``): runc, and ulimits a
 container may have here. Missing podman (or mmdebstrap), the tests are skipped on a developer's
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support import netns
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "tests" / "deploy" / "containers.conf"
@@ -70,20 +73,28 @@ def environment() -> dict[str, str]:
 
 
 def podman(*args: str, timeout: float = 300, check: bool = True, cwd: Path = ROOT,
-           nice: int = 0) -> subprocess.CompletedProcess[str]:
-    """``podman ARGS``; ``nice`` below 0 raises its priority (root only: elsewhere it runs at
-    the usual one)."""
+           nice: int = 0, host_network: bool = False) -> subprocess.CompletedProcess[str]:
+    """``podman ARGS``, in the calling thread's network namespace (the container tests' own,
+    tests/support/netns.py) unless ``host_network`` (a build: apt and pip reach the registries);
+    ``nice`` below 0 raises its priority (root only: elsewhere it runs at the usual one)."""
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
-                            env=environment(), cwd=cwd, preexec_fn=(lambda: _renice(nice)) if nice else None)
+                            env=environment(), cwd=cwd, preexec_fn=_preexec(nice, host_network))
     if check and result.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} exited {result.returncode}:\n"
                              f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
 
 
-def _renice(increment: int) -> None:
-    with contextlib.suppress(PermissionError):
-        os.nice(increment)
+def _preexec(nice: int, host_network: bool) -> Callable[[], None] | None:
+    if not nice and not host_network:
+        return None
+
+    def preexec() -> None:
+        if host_network:
+            netns.in_host_network()
+        with contextlib.suppress(PermissionError):
+            os.nice(nice)
+    return preexec
 
 
 def image(name: str) -> str:
@@ -134,7 +145,7 @@ class Images:
 
     def _base(self) -> None:
         result = subprocess.run([str(ROOT / "scripts" / "base-image.sh"), BASE], capture_output=True, text=True,
-                                timeout=1800, env=environment())
+                                timeout=1800, env=environment(), preexec_fn=_preexec(0, host_network=True))
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
 
     def _image(self, name: str) -> None:
@@ -147,7 +158,8 @@ class Images:
         # compose tests wait for them), and bound by CPU they took 550 s among six workers' tests
         # against ~190 s on a quiet machine.
         podman("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={BASE}", "--label", f"{RUN_LABEL}={RUN}",
-               "-f", str(dockerfile.relative_to(ROOT)), "-t", image(name), ".", timeout=1800, nice=BUILD_NICE)
+               "-f", str(dockerfile.relative_to(ROOT)), "-t", image(name), ".", timeout=1800, nice=BUILD_NICE,
+               host_network=True)
 
 
 # Run in the S3 container (moto's image has boto3): every archived page's URL and attempt (meta.json).

@@ -13,8 +13,9 @@ each on a worker of its own, while the short ones fill the other workers around 
   they never load the machine for one another, handed out next;
 - ``containers`` (tests/deploy: podman images): one group, and one more for each name given as
   the marker's argument (``containers("compose")``: the compose stack, minutes long and holding
-  host ports), handed out first with the ``long`` ones; the groups run side by side and take
-  each image from whichever built it first (tests/support/containers.py, ``Images``);
+  its ports), handed out first with the ``long`` ones; the groups run side by side and take
+  each image from whichever built it first (tests/support/containers.py, ``Images``), in one
+  network namespace of their own (tests/support/netns.py);
 - a test using a fixture its own module shares between tests (``scope="module"``: one server
   for a whole module, state earlier tests left): one group per module, so that fixture is made
   once, not once per worker;
