@@ -94,18 +94,19 @@ fi
 # The image tests (tests/deploy) build the images and run them, the compose stack included, with
 # Debian's podman: runc (crun refuses some kernels' cgroup set-ups; tests/deploy/containers.conf
 # selects runc), mmdebstrap to make the base image without a registry (scripts/base-image.sh),
-# uidmap/slirp4netns/fuse-overlayfs for rootless podman. (podman-compose: the test extra's, newer
+# uidmap/slirp4netns/fuse-overlayfs for rootless podman, iproute2's `ip` for the network namespace
+# the container tests run in (tests/support/netns.py). (podman-compose: the test extra's, newer
 # than Debian 12's.)
 have_containers() {
   command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 &&
-    command -v mmdebstrap >/dev/null 2>&1
+    command -v mmdebstrap >/dev/null 2>&1 && command -v ip >/dev/null 2>&1
 }
 if [[ "$extra" == "test" ]] && ! have_containers; then
   say "installing podman, runc and mmdebstrap (apt) for the image tests"
   sudo=""; [[ "$(id -u)" != 0 ]] && sudo="sudo"
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq podman runc mmdebstrap \
-    uidmap slirp4netns fuse-overlayfs >/dev/null
+    uidmap slirp4netns fuse-overlayfs iproute2 >/dev/null
   have_containers || { echo "podman could not be installed (apt-get install podman runc mmdebstrap)" >&2; exit 2; }
 fi
 # The Python base the images build FROM, in place of the python:*-slim a registry would give

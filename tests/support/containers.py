@@ -52,7 +52,7 @@ def required(env: dict[str, str]) -> bool:
 
 def missing() -> str | None:
     """Why the image tests cannot run here, or None."""
-    for tool in ("podman", "mmdebstrap", "runc"):
+    for tool in ("podman", "mmdebstrap", "runc", "ip"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     return None
@@ -62,8 +62,8 @@ def unavailable(reason: str, env: dict[str, str]) -> None:
     """Skip, or fail when this run requires containers."""
     if required(env):
         pytest.fail(f"containers are required in this run (CI or BUSSCRAPE_REQUIRE_CONTAINERS) but {reason}; "
-                    "scripts/bootstrap.sh test installs podman, runc and mmdebstrap", pytrace=False)
-    pytest.skip(f"{reason} (scripts/bootstrap.sh test installs podman, runc and mmdebstrap)")
+                    "scripts/bootstrap.sh test installs podman, runc, mmdebstrap and iproute2", pytrace=False)
+    pytest.skip(f"{reason} (scripts/bootstrap.sh test installs podman, runc, mmdebstrap and iproute2)")
 
 
 def environment() -> dict[str, str]:
