@@ -56,21 +56,42 @@ def in_host_network() -> None:
     setns(HOST)
 
 
-def make() -> Path | None:
-    """A fresh named namespace for this run, loopback up; None where one cannot be made (not root,
-    no ``ip``). Those of runs that were killed before they removed theirs are removed first."""
+def make(tag: str = "") -> Path | None:
+    """A fresh named namespace of this process's (``tag`` tells several apart), loopback up; None
+    where one cannot be made (not root, no ``ip``). Those of processes that were killed before they
+    removed theirs are removed first."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         return None
     for stale in NETNS_DIR.glob(f"{PREFIX}*") if NETNS_DIR.is_dir() else ():
-        pid = stale.name.removeprefix(PREFIX)
+        pid = stale.name.removeprefix(PREFIX).split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            subprocess.run(["ip", "netns", "delete", stale.name], capture_output=True, check=False)
-    name = f"{PREFIX}{os.getpid()}"
+            remove(stale)
+    name = f"{PREFIX}{os.getpid()}" + (f"-{tag}" if tag else "")
     made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, check=False)
     if made.returncode != 0:
         return None
     subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True, check=True)
     return NETNS_DIR / name
+
+
+def remove(path: Path) -> None:
+    """Its name gone; the namespace itself goes with the last process (or open file) in it."""
+    subprocess.run(["ip", "netns", "delete", path.name], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def private(tag: str) -> Iterator[Path | None]:
+    """A namespace of the block's own, the calling thread in it, removed after; None (and the host's
+    network) where none can be made. What the block starts lives there: servers, Chromium, daemons."""
+    path = make(tag)
+    if path is None:
+        yield None
+        return
+    try:
+        with entered(path):
+            yield path
+    finally:
+        remove(path)
 
 
 @contextlib.contextmanager
@@ -114,4 +135,4 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     made = config.stash.get(_MADE, None)
     if made:
-        subprocess.run(["ip", "netns", "delete", Path(made).name], capture_output=True, check=False)
+        remove(Path(made))

@@ -17,7 +17,6 @@ from busscrape.model.messages import ScrapeResult, TaskOptions
 from busscrape.model.steps import Click, Evaluate, Fill, Press, Screenshot, Scroll, WaitFor, WaitStable
 from busscrape.status.records import StatusBoard, TaskStatus
 from busscrape.worker.daemon import Worker
-from tests.conftest import make_settings
 from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, results, wait_until
 
@@ -27,25 +26,6 @@ pytestmark = pytest.mark.browser
 @pytest.fixture
 def stamps(site):
     return pages.install(site)
-
-
-@pytest.fixture
-def wsettings(tmp_path, nats_url, site):
-    return make_settings(
-        tmp_path, nats_url,
-        network={"allow": [f"{h}/32" for h in site.hosts]},
-        worker={"concurrency": 2, "navigation_timeout": "5s", "retry_base_delay": "200ms",
-                "retry_max_delay": "1s", "exit_when_idle": "1.5s"},
-        streams={"worker_max_deliver": 3},
-    )
-
-
-@pytest.fixture
-async def wbus(bus, wsettings):
-    from busscrape.bus import provision, topology
-
-    await provision.apply(bus.js, topology.load(wsettings))
-    return bus
 
 
 async def run_worker(bus, settings, **worker):
