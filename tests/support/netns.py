@@ -1,4 +1,5 @@
-"""The container tests' network namespace: podman's interfaces out of the other tests' Chromium's sight.
+"""Network namespaces for the tests: the container tests' (podman's interfaces out of the other
+tests' Chromium's sight), and one of a test's own where it changes the network on purpose.
 
 Chromium watches the interfaces of its network namespace (netlink) and, when an address comes or
 goes, fails the requests it has in flight with ``ERR_NETWORK_CHANGED``. The worker naks such a
@@ -15,8 +16,12 @@ a single aardvark-dns (the stacks' name server) for the machine, in the namespac
 that started it, so a second namespace's stack would resolve no name. The image builds reach the
 package registries over the host's own network: they run in its namespace (``in_host_network``).
 
-Making a namespace needs root (as the container tests do here); elsewhere the tests run without one,
-as before.
+A test that changes the network itself (an address added under a page: tests/worker/
+test_network_change.py) does so in a namespace of its own (``private``), with its nats-server, site
+and worker's Chromium started inside, so nothing else on the machine sees the change.
+
+Making a namespace needs root (as the container tests do here); elsewhere the container tests run
+without one, as before, and the tests that need one of their own are skipped.
 """
 
 from __future__ import annotations
