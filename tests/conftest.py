@@ -4,6 +4,8 @@
 - ``nats_url`` / ``settings`` / ``bus``: per test, on a server wiped clean of every stream, so
   tests never see each other's messages even though stream names are fixed.
 - ``applied``: the same, with ``streams apply`` done.
+- ``wsettings`` / ``wbus``: a worker's settings for the ``site`` (its addresses allowed, short
+  waits, three deliveries), and the bus provisioned from them.
 - ``s3``: a real S3-protocol server (MinIO in Docker, else moto_server) for the session.
 - ``azurite`` / ``gcs``: Azure's and Google's storage emulators for the session (tests/support/clouds.py).
 - ``site``: a website served on 127.0.0.2 and 127.0.0.3 (distinct origins).
@@ -111,6 +113,25 @@ async def bus(settings: Settings) -> AsyncIterator[Bus]:
 async def applied(bus: Bus, settings: Settings) -> Bus:
     """A clean server with every stream, consumer and bucket created from streams/."""
     await provision.apply(bus.js, topology.load(settings))
+    return bus
+
+
+@pytest.fixture
+def wsettings(tmp_path: Path, nats_url: str, site: Site) -> Settings:
+    """A worker's settings for a test: the site's addresses allowed, short waits, three deliveries."""
+    return make_settings(
+        tmp_path, nats_url,
+        network={"allow": [f"{h}/32" for h in site.hosts]},
+        worker={"concurrency": 2, "navigation_timeout": "5s", "retry_base_delay": "200ms",
+                "retry_max_delay": "1s", "exit_when_idle": "1.5s"},
+        streams={"worker_max_deliver": 3},
+    )
+
+
+@pytest.fixture
+async def wbus(bus: Bus, wsettings: Settings) -> Bus:
+    """A clean server with every stream, consumer and bucket of ``wsettings``."""
+    await provision.apply(bus.js, topology.load(wsettings))
     return bus
 
 

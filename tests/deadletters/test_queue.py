@@ -31,7 +31,7 @@ from busscrape.worker.attempts import AttemptLog, attempts_key
 from tests.ops.test_overview import busscrape
 from tests.support.bus import count, dead_letters, enqueue, stream_messages
 from tests.support.hostile_text import HOSTILE, shown_safely
-from tests.worker.test_daemon import run_worker, wbus, wsettings  # noqa: F401 - fixtures
+from tests.worker.test_daemon import run_worker
 
 
 def task_for(url: str) -> ScrapeTask:
@@ -208,7 +208,7 @@ async def _keys(js) -> list[str]:
 
 
 @pytest.mark.browser
-async def test_replay_of_a_dead_letter_gets_it_archived_once_the_cause_is_fixed(wbus, wsettings, site,  # noqa: F811
+async def test_replay_of_a_dead_letter_gets_it_archived_once_the_cause_is_fixed(wbus, wsettings, site,
                                                                                 tmp_path):
     js, served = wbus.js, {"status": 500}
 

@@ -25,7 +25,6 @@ from busscrape.worker.daemon import Worker
 from tests.support import pages
 from tests.support.bus import enqueue, results, stream_messages, wait_until
 from tests.support.procs import env_for, listening_port, spawn
-from tests.worker.test_daemon import wbus, wsettings  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
 
@@ -51,7 +50,7 @@ def metric(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-async def test_metrics_and_health_of_a_running_worker_and_ingester(wbus, wsettings, site, tmp_path):  # noqa: F811
+async def test_metrics_and_health_of_a_running_worker_and_ingester(wbus, wsettings, site, tmp_path):
     pages.install(site)
     await enqueue(wbus.js, site.url("/static"))
     await enqueue(wbus.js, site.url("/js"))
@@ -112,7 +111,7 @@ def spans():
 
 
 async def test_one_trace_id_follows_a_task_from_dispatch_through_worker_and_ingester(
-        wbus, wsettings, site, tmp_path, spans):  # noqa: F811
+        wbus, wsettings, site, tmp_path, spans):
     pages.install(site)
     captured = io.StringIO()
     logs.configure("json", "info", stream=captured)

@@ -23,10 +23,6 @@ from busscrape.worker.attempts import AttemptLog, Ledger, Tally
 from busscrape.worker.daemon import Worker
 from tests.support import pages
 from tests.support.bus import dead_letters, enqueue, results, wait_until
-from tests.worker.test_daemon import (  # noqa: F401 - fixtures
-    wbus,
-    wsettings,
-)
 
 pytestmark = pytest.mark.browser
 
@@ -73,7 +69,7 @@ def test_the_story_tells_what_each_delivery_did():
 # -- outages against a real server ----------------------------------------------------------------
 
 
-async def _settings(wbus, wsettings, **worker):  # noqa: F811
+async def _settings(wbus, wsettings, **worker):
     # One attempt allowed (the consumer's own figure, which the worker reads): any outage counted
     # as an attempt would end the page.
     s = wsettings.with_overrides(streams={"worker_max_deliver": 1},
@@ -90,7 +86,7 @@ async def _delivered_at_least(js, n: int) -> bool:
     return await _delivered(js) >= n
 
 
-async def test_a_gate_and_attempts_outage_spends_no_attempt_and_fetches_nothing(wbus, wsettings, site,  # noqa: F811
+async def test_a_gate_and_attempts_outage_spends_no_attempt_and_fetches_nothing(wbus, wsettings, site,
                                                                                  hits):
     """The issue's `/static/51`: HOSTS and ATTEMPTS both unavailable (a node killed). Before,
     each delivery's deferral went unrecorded, so each counted as an attempt and the task was
@@ -123,7 +119,7 @@ async def _results_for(js, n: int) -> bool:
     return len(await results(js)) >= n
 
 
-async def test_an_object_store_outage_after_the_render_spends_no_attempt(wbus, wsettings, site, hits):  # noqa: F811
+async def test_an_object_store_outage_after_the_render_spends_no_attempt(wbus, wsettings, site, hits):
     """The issue's `/static/9`: the page rendered, its artifacts could not be stored (ARTIFACTS
     did not answer). Before: `storage_unavailable` counted as an attempt; with one allowed, dead."""
     s = await _settings(wbus, wsettings)
@@ -151,7 +147,7 @@ async def _hit(seen: list[str], n: int) -> bool:
     return len(seen) >= n
 
 
-async def test_an_outage_past_its_budget_is_dead_lettered_outage_exceeded(wbus, wsettings, site,  # noqa: F811
+async def test_an_outage_past_its_budget_is_dead_lettered_outage_exceeded(wbus, wsettings, site,
                                                                           hits):
     s = await _settings(wbus, wsettings, outage_budget="2s")
     await wbus.js.delete_object_store(names.ARTIFACTS_BUCKET)
@@ -183,7 +179,7 @@ async def _letters(js) -> bool:
     return len(await dead_letters(js)) >= 1
 
 
-async def test_a_ledger_read_that_fails_keeps_the_page_untouched(wbus, wsettings, site, hits):  # noqa: F811
+async def test_a_ledger_read_that_fails_keeps_the_page_untouched(wbus, wsettings, site, hits):
     """A redelivery cannot read its count: it must not reach the page (one more try, never one
     fewer), and it spends nothing."""
     s = await _settings(wbus, wsettings)
@@ -217,7 +213,7 @@ def test_the_budget_is_measured_from_the_first_outage():
 
 
 async def test_a_last_attempt_whose_letter_was_not_filed_is_filed_later_with_its_own_reason(
-        wbus, wsettings, site):  # noqa: F811
+        wbus, wsettings, site):
     """The last attempt failed (HTTP 500) but DEADLETTER did not take its letter (no stream
     answered): the next delivery, past the last attempt, reaches no page and files the letter
     with that attempt's reason — not ``max_deliveries``, and not "each delivery's worker died"."""

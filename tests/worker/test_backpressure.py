@@ -11,7 +11,6 @@ from busscrape.bus import names, provision, topology
 from busscrape.worker.daemon import Worker
 from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, wait_until
-from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser
 
@@ -32,7 +31,7 @@ async def ingest(js) -> int:
     return len(msgs)
 
 
-async def test_a_full_results_pauses_the_workers_without_spending_a_delivery(bus, wsettings, site):  # noqa: F811
+async def test_a_full_results_pauses_the_workers_without_spending_a_delivery(bus, wsettings, site):
     pages.install(site)
     s = wsettings.with_overrides(streams={"worker_ack_wait": "2s", "worker_max_deliver": 2},
                                  worker={"exit_when_idle": "2s"})

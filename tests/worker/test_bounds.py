@@ -11,7 +11,7 @@ from busscrape.model import bounds
 from busscrape.model.messages import TaskOptions
 from busscrape.model.steps import WaitFor
 from tests.support.bus import dead_letters, enqueue, results
-from tests.worker.test_daemon import run_worker, wbus, wsettings  # noqa: F401 - fixtures
+from tests.worker.test_daemon import run_worker
 
 pytestmark = pytest.mark.browser
 
@@ -24,7 +24,7 @@ setTimeout(() => document.body.insertAdjacentHTML('beforeend', '<p id=done>done<
 </script>"""
 
 
-async def test_a_page_cannot_make_its_result_too_large(wbus, wsettings, site):  # noqa: F811
+async def test_a_page_cannot_make_its_result_too_large(wbus, wsettings, site):
     @site.route("/bloated")
     async def bloated(request):
         headers = {f"X-Filler-{i}": "v" * 1000 for i in range(200)}
@@ -43,7 +43,7 @@ async def test_a_page_cannot_make_its_result_too_large(wbus, wsettings, site):  
     assert sum(len(k) + len(v) for k, v in result.response_headers.items()) <= bounds.MAX_HEADERS_TOTAL + 100
 
 
-async def test_a_result_over_the_message_size_is_dead_lettered_at_once_with_its_reason(wbus, wsettings, site):  # noqa: F811
+async def test_a_result_over_the_message_size_is_dead_lettered_at_once_with_its_reason(wbus, wsettings, site):
     small = wsettings.with_overrides(streams={"max_msg_size": "64KiB"})
     await provision.apply(wbus.js, topology.load(small))
     # The task fits in TASKS; its result, which carries the same labels and the page's headers, does not.

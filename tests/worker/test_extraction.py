@@ -10,7 +10,6 @@ from busscrape.bus import provision, topology
 from busscrape.model.messages import TaskOptions
 from busscrape.worker.daemon import Worker
 from tests.support.bus import dead_letters, enqueue, results
-from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser
 
@@ -18,7 +17,7 @@ PICK = 'version = 1\n[fields.text]\ncss = "p.pick"\nrequired = true\n'
 
 
 @pytest.fixture
-def xsettings(wsettings, tmp_path):  # noqa: F811
+def xsettings(wsettings, tmp_path):
     folder = tmp_path / "extractors"
     folder.mkdir()
     (folder / "pick.toml").write_text(PICK)

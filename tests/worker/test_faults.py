@@ -16,14 +16,12 @@ from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, results, wait_until
 from tests.support.procs import env_for, kill9, leftover_chromium, spawn
 from tests.support.relay import Relay, result_publish, task_ack
-from tests.worker.test_daemon import (  # noqa: F401 - fixtures
+from tests.worker.test_daemon import (  # noqa: F401 - short_ack: a fixture
     LEFTOVER_OPTIONS,
     after_a_death_after_storing,
     after_a_death_before_the_ack,
     run_worker,
     short_ack,
-    wbus,
-    wsettings,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -44,13 +42,13 @@ async def fast_redelivery_streams(bus, settings, deferrals: int):
 
 
 @pytest.fixture
-async def fast_redelivery(bus, wsettings):  # noqa: F811
+async def fast_redelivery(bus, wsettings):
     """No room for deliveries that do not reach the page: the second delivery is the last."""
     return await fast_redelivery_streams(bus, wsettings, deferrals=0)
 
 
 @pytest.fixture
-async def fast_redelivery_with_room(bus, wsettings):  # noqa: F811
+async def fast_redelivery_with_room(bus, wsettings):
     """Room for two deliveries that never reach the page (a worker whose request Chromium dropped
     when a container test changed this host's network: an outage, which naks the task without
     spending an attempt) for the tests that are not about reaping."""
@@ -171,14 +169,14 @@ async def kill9_at(settings, tmp_path, nats_server, point) -> None:
 
 
 async def test_sigkill_between_the_results_puback_and_the_tasks_ack_leaves_one_result(
-        wbus, short_ack, site, stamps, tmp_path, nats_server):  # noqa: F811
+        wbus, short_ack, site, stamps, tmp_path, nats_server):  # noqa: F811 - the fixture
     await enqueue(wbus.js, site.url("/static"))
     await kill9_at(short_ack, tmp_path, nats_server, task_ack)
     await after_a_death_before_the_ack(wbus, short_ack)
 
 
 async def test_sigkill_after_storing_the_artifacts_before_the_result_leaves_them_to_the_retry(
-        wbus, short_ack, site, stamps, tmp_path, nats_server):  # noqa: F811
+        wbus, short_ack, site, stamps, tmp_path, nats_server):  # noqa: F811 - the fixture
     task = await enqueue(wbus.js, site.url("/static"), **LEFTOVER_OPTIONS)
     await kill9_at(short_ack, tmp_path, nats_server, result_publish)
     await after_a_death_after_storing(wbus, short_ack, task)
@@ -199,7 +197,7 @@ async def test_sigterm_lets_the_task_in_flight_finish(bus, fast_redelivery_with_
 
 
 @pytest.fixture
-async def slow_redelivery(bus, wsettings):  # noqa: F811
+async def slow_redelivery(bus, wsettings):
     """Streams with a 10-minute ack_wait: a task back within the test came back by a nak, not by
     the ack_wait running out (however long the worker took to shut down)."""
     s = wsettings.with_overrides(streams={"worker_ack_wait": "10m", "worker_max_deliver": 3})
@@ -245,7 +243,7 @@ async def logged(log, event: str) -> bool:
     return log.exists() and event in log.read_text()
 
 
-async def test_a_crashed_browser_is_relaunched_and_the_task_retried(bus, wsettings, site, stamps):  # noqa: F811
+async def test_a_crashed_browser_is_relaunched_and_the_task_retried(bus, wsettings, site, stamps):
     await provision.apply(bus.js, topology.load(wsettings))
     await enqueue(bus.js, site.url("/slow?s=2"))
     from busscrape.worker.daemon import Worker
@@ -261,7 +259,7 @@ async def test_a_crashed_browser_is_relaunched_and_the_task_retried(bus, wsettin
     assert worker.counters["retried"] == 1
 
 
-async def test_the_browser_is_recycled_after_n_tasks(bus, wsettings, site, stamps):  # noqa: F811
+async def test_the_browser_is_recycled_after_n_tasks(bus, wsettings, site, stamps):
     """A new Chromium process every two tasks, the old one gone before the new one starts."""
     from busscrape.worker.daemon import Worker
 

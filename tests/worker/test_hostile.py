@@ -15,7 +15,7 @@ from busscrape.model.messages import TaskOptions
 from busscrape.model.steps import Click, Scroll, Sleep, WaitFor
 from tests.support import pages
 from tests.support.bus import dead_letters, enqueue, results
-from tests.worker.test_daemon import png_size, run_worker, wbus, wsettings  # noqa: F401 - fixtures
+from tests.worker.test_daemon import png_size, run_worker
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -105,17 +105,17 @@ async def outcome_then_normal(bus, settings, site, url: str, *, steps=(), option
     return await dead_letters(bus.js), [r for r in done if r.url == url]
 
 
-async def test_a_page_that_never_finishes_loading(wbus, wsettings, hostile):  # noqa: F811
+async def test_a_page_that_never_finishes_loading(wbus, wsettings, hostile):
     letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/never"), navigation_timeout=1)
     assert [d.reason for d in letters] == ["timeout"]
 
 
-async def test_an_infinite_redirect_loop(wbus, wsettings, hostile):  # noqa: F811
+async def test_an_infinite_redirect_loop(wbus, wsettings, hostile):
     letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/loop"))
     assert [d.reason for d in letters] == ["redirect_loop"] and len(letters[0].attempts) == 1
 
 
-async def test_a_50mb_page_is_refused_by_its_content_length(wbus, wsettings, hostile):  # noqa: F811
+async def test_a_50mb_page_is_refused_by_its_content_length(wbus, wsettings, hostile):
     letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/huge"))
     assert [d.reason for d in letters] == ["page_too_large"]
     # the Content-Length check's words (the rendered-size check says "rendered HTML is …")
@@ -123,60 +123,60 @@ async def test_a_50mb_page_is_refused_by_its_content_length(wbus, wsettings, hos
     assert letters[0].error.startswith(f"{hostile.url('/huge')} is {size} bytes, over max_page_bytes")
 
 
-async def test_a_page_without_a_content_length_is_refused_by_its_rendered_size(wbus, wsettings, hostile):  # noqa: F811
+async def test_a_page_without_a_content_length_is_refused_by_its_rendered_size(wbus, wsettings, hostile):
     letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/huge-chunked"),
                                            max_page_bytes=1024 * 1024)
     assert [d.reason for d in letters] == ["page_too_large"]
     assert letters[0].error.startswith("rendered HTML is ") and "over max_page_bytes 1048576" in letters[0].error
 
 
-async def test_a_page_that_eats_memory_until_its_tab_crashes(wbus, wsettings, hostile):  # noqa: F811
+async def test_a_page_that_eats_memory_until_its_tab_crashes(wbus, wsettings, hostile):
     short = wsettings.with_overrides(streams={"worker_max_deliver": 2})
     await provision.apply(wbus.js, topology.load(short))
     letters, _ = await outcome_then_normal(wbus, short, hostile, hostile.url("/hog"), navigation_timeout=60)
     assert [d.reason for d in letters] == ["page_crashed"] and len(letters[0].attempts) == 2
 
 
-async def test_subresources_that_ask_for_a_login_do_not_hold_the_page(wbus, wsettings, hostile):  # noqa: F811
+async def test_subresources_that_ask_for_a_login_do_not_hold_the_page(wbus, wsettings, hostile):
     # Nobody can answer a login prompt: the 401s reach the page as they are, and it loads.
     letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/asks-for-login"),
                                                   steps=(WaitFor(selector="title", selector_state="attached"),))
     assert letters == [] and result.status == 200
 
 
-async def test_a_page_that_asks_for_a_login_is_its_status(wbus, wsettings, hostile):  # noqa: F811
+async def test_a_page_that_asks_for_a_login_is_its_status(wbus, wsettings, hostile):
     # A 401 document is an HTTP status for the status policy (401 dead-letters at once by
     # default), not a network error retried until the attempts run out.
     letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/protected"))
     assert [d.reason for d in letters] == ["http_401"] and len(letters[0].attempts) == 1
 
 
-async def test_dialogs_are_dismissed_and_leaving_the_page_is_allowed(wbus, wsettings, hostile):  # noqa: F811
+async def test_dialogs_are_dismissed_and_leaving_the_page_is_allowed(wbus, wsettings, hostile):
     steps = (WaitFor(selector="#answers:not(:empty)"), Click(selector="#away"), WaitFor(selector="h1"))
     letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/dialogs"), steps=steps)
     assert letters == [] and result.final_url == hostile.url("/static?left=1") and result.title == "Static page"
 
 
-async def test_a_download_is_dead_lettered_not_saved(wbus, wsettings, hostile):  # noqa: F811
+async def test_a_download_is_dead_lettered_not_saved(wbus, wsettings, hostile):
     letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/download"))
     assert [d.reason for d in letters] == ["download"] and len(letters[0].attempts) == 1  # dead at once
 
 
-async def test_a_pdf(wbus, wsettings, hostile):  # noqa: F811
+async def test_a_pdf(wbus, wsettings, hostile):
     letters, done = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/doc.pdf"))
     # Headless Chromium hands a PDF to its download path: a clear dead letter at once, not a hang
     # (docs/worker.md's promise).
     assert done == [] and [d.reason for d in letters] == ["download"] and len(letters[0].attempts) == 1
 
 
-async def test_popups_are_closed_and_the_opener_archived(wbus, wsettings, hostile):  # noqa: F811
+async def test_popups_are_closed_and_the_opener_archived(wbus, wsettings, hostile):
     # The step waits (within the navigation timeout) for the page to see all five popups closed.
     letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/popups"),
                                                   steps=(WaitFor(selector="#all-closed"),))
     assert letters == [] and result.title == "popups"
 
 
-async def test_infinite_scroll_stops_at_the_cap(wbus, wsettings, hostile):  # noqa: F811
+async def test_infinite_scroll_stops_at_the_cap(wbus, wsettings, hostile):
     steps = (Scroll(mode="infinite", max_scrolls=4, delay=0.1),)
     letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/endless"), steps=steps)
     html = (await ArtifactStore(wbus.js).read(next(a for a in result.artifacts if a.kind == "html"))).decode()
@@ -186,13 +186,13 @@ async def test_infinite_scroll_stops_at_the_cap(wbus, wsettings, hostile):  # no
 # -- limits ---------------------------------------------------------------------------------------
 
 
-async def test_max_har_bytes(wbus, wsettings, hostile):  # noqa: F811
+async def test_max_har_bytes(wbus, wsettings, hostile):
     hostile.page("/many", "<title>many</title>" + "".join(f"<img src=/pixel.svg?{i}>" for i in range(60)))
     letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/many"), max_har_bytes=10_000)
     assert [d.reason for d in letters] == ["har_too_large"] and "without bodies" in letters[0].error
 
 
-async def test_max_screenshot_height(wbus, wsettings, hostile):  # noqa: F811
+async def test_max_screenshot_height(wbus, wsettings, hostile):
     letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/tall"),
                                                   options=TaskOptions(artifacts=("screenshot",), screenshot="full"),
                                                   max_screenshot_height=3000)
@@ -200,21 +200,21 @@ async def test_max_screenshot_height(wbus, wsettings, hostile):  # noqa: F811
     assert letters == [] and png_size(await ArtifactStore(wbus.js).read(shot)) == (1280, 3000)
 
 
-async def test_the_default_screenshot_is_the_viewport(wbus, wsettings, hostile):  # noqa: F811
+async def test_the_default_screenshot_is_the_viewport(wbus, wsettings, hostile):
     letters, [result] = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/tall"),
                                                   options=TaskOptions(artifacts=("screenshot",)))
     [shot] = result.artifacts
     assert letters == [] and png_size(await ArtifactStore(wbus.js).read(shot)) == (1280, 800)
 
 
-async def test_max_steps(wbus, wsettings, hostile):  # noqa: F811
+async def test_max_steps(wbus, wsettings, hostile):
     steps = tuple(WaitFor(state="load") for _ in range(5))
     letters, _ = await outcome_then_normal(wbus, wsettings, hostile, hostile.url("/static?s=1"), steps=steps,
                                            max_steps=3)
     assert [d.reason for d in letters] == ["too_many_steps"] and "over max_steps 3" in letters[0].error
 
 
-async def test_task_total_timeout(wbus, wsettings, hostile):  # noqa: F811
+async def test_task_total_timeout(wbus, wsettings, hostile):
     """A ten-second step under a five-second ``task_timeout``. The normal page after it has the
     same bound and one delivery: two seconds were seen to be too little for it on a loaded machine."""
     short = wsettings.with_overrides(streams={"worker_max_deliver": 1})
@@ -224,7 +224,7 @@ async def test_task_total_timeout(wbus, wsettings, hostile):  # noqa: F811
     assert [d.reason for d in letters] == ["task_timeout"] and "task_timeout" in letters[0].error
 
 
-async def test_max_warc_bytes_bounds_a_heavy_page_and_its_warc_stays_valid(wbus, wsettings, hostile, tmp_path):  # noqa: F811
+async def test_max_warc_bytes_bounds_a_heavy_page_and_its_warc_stays_valid(wbus, wsettings, hostile, tmp_path):
     # Big bodies (one with no Content-Length), an endless stream and a download in one page:
     # the worker's WARC of it is valid and within max_warc_bytes (plus its records' headers).
     import os

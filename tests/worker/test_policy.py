@@ -11,7 +11,7 @@ from busscrape.worker.daemon import Worker
 from tests.support import pages
 from tests.support.bus import dead_letters, enqueue, results
 from tests.support.site import Site
-from tests.worker.test_daemon import run_worker, wbus, wsettings  # noqa: F401 - fixtures
+from tests.worker.test_daemon import run_worker
 
 pytestmark = pytest.mark.browser
 
@@ -24,7 +24,7 @@ def internal():
         yield s
 
 
-async def test_every_form_of_a_blocked_address_is_refused(wbus, wsettings, site, internal):  # noqa: F811
+async def test_every_form_of_a_blocked_address_is_refused(wbus, wsettings, site, internal):
     port = internal.port
     forms = [f"http://127.0.0.9:{port}/secret", f"http://0x7f000009:{port}/secret",
              f"http://2130706441:{port}/secret", f"http://0177.0.0.011:{port}/secret",
@@ -47,7 +47,7 @@ async def test_every_form_of_a_blocked_address_is_refused(wbus, wsettings, site,
     assert sum(internal.hits.values()) == 0  # not one byte reached the internal service
 
 
-async def test_a_blocked_sub_resource_is_refused_and_the_page_still_renders(wbus, wsettings, site, internal):  # noqa: F811
+async def test_a_blocked_sub_resource_is_refused_and_the_page_still_renders(wbus, wsettings, site, internal):
     site.page("/leaky", f'<title>leaky</title><img src="http://127.0.0.9:{internal.port}/secret">'
                         f'<script src="http://127.0.0.9:{internal.port}/secret.js"></script><p>visible</p>')
     await enqueue(wbus.js, site.url("/leaky"))
@@ -59,7 +59,7 @@ async def test_a_blocked_sub_resource_is_refused_and_the_page_still_renders(wbus
     assert sum(internal.hits.values()) == 0
 
 
-async def test_the_allow_list_opens_exactly_what_it_names(wbus, wsettings, internal):  # noqa: F811
+async def test_the_allow_list_opens_exactly_what_it_names(wbus, wsettings, internal):
     opened = wsettings.with_overrides(network={"allow": [f"127.0.0.9:{internal.port}"]})
     await enqueue(wbus.js, f"http://127.0.0.9:{internal.port}/secret")
     await run_worker(wbus, opened)
@@ -67,7 +67,7 @@ async def test_the_allow_list_opens_exactly_what_it_names(wbus, wsettings, inter
     assert result.status == 200 and internal.hits[("127.0.0.9", "/secret")] == 1
 
 
-async def test_a_goto_step_to_a_blocked_address_is_refused_before_it_leaves(wbus, wsettings, site, internal):  # noqa: F811
+async def test_a_goto_step_to_a_blocked_address_is_refused_before_it_leaves(wbus, wsettings, site, internal):
     pages.install(site)
     secret = f"http://127.0.0.9:{internal.port}/secret"
     await enqueue(wbus.js, site.url("/static"), steps=(Goto(url=secret),))
@@ -79,7 +79,7 @@ async def test_a_goto_step_to_a_blocked_address_is_refused_before_it_leaves(wbus
     assert sum(internal.hits.values()) == 0
 
 
-async def test_a_websocket_to_a_blocked_address_is_refused(wbus, wsettings, site, internal):  # noqa: F811
+async def test_a_websocket_to_a_blocked_address_is_refused(wbus, wsettings, site, internal):
     @internal.route("/ws")
     async def ws(request):
         socket = web.WebSocketResponse()
@@ -101,7 +101,7 @@ async def test_a_websocket_to_a_blocked_address_is_refused(wbus, wsettings, site
     assert sum(internal.hits.values()) == 0
 
 
-async def test_a_navigation_the_pre_check_let_through_is_refused_by_the_egress_proxy(wbus, wsettings, internal):  # noqa: F811
+async def test_a_navigation_the_pre_check_let_through_is_refused_by_the_egress_proxy(wbus, wsettings, internal):
     """Chromium itself cannot reach a blocked address: every connection goes through the SOCKS
     egress proxy, which checks the address it connects to. Shown with the worker's own check
     of the task's URL switched off."""

@@ -21,7 +21,6 @@ from tests.support import pages
 from tests.support.bus import dead_letters, enqueue, results, two_workers, wait_until
 from tests.support.procs import env_for, kill9, spawn
 from tests.support.relay import Relay
-from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
 # -- rules and keys ----------------------------------------------------------------------------
 
@@ -288,7 +287,7 @@ async def run_fleet(tmp_path, env, n=3):
 
 @pytest.mark.timing
 @pytest.mark.browser
-async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(bus, wsettings, site,  # noqa: F811
+async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(bus, wsettings, site,
                                                                                  tmp_path):
     """3 worker processes × concurrency 4; host A at host_concurrency=2 and host_delay 1 s (a rule),
     host B at the default 12: A never sees more than 2 pages at once nor two starts closer than the
@@ -325,7 +324,7 @@ async def test_three_workers_keep_one_hosts_limits_and_leave_another_host_alone(
 
 
 @pytest.mark.browser
-async def test_the_site_sees_one_host_delay_between_every_two_page_requests(bus, wsettings, site,  # noqa: F811
+async def test_the_site_sees_one_host_delay_between_every_two_page_requests(bus, wsettings, site,
                                                                             nats_server):
     """#36.5: ``delay`` is a floor between page requests as the site sees them, not between the
     gate's writes. Two workers, one slot, a 1 s delay; one worker's link is slow (the server's
@@ -360,7 +359,7 @@ async def test_the_site_sees_one_host_delay_between_every_two_page_requests(bus,
 
 @pytest.mark.timing
 @pytest.mark.browser
-async def test_a_429_with_retry_after_cools_its_host_for_the_fleet_only(bus, wsettings, site, tmp_path):  # noqa: F811
+async def test_a_429_with_retry_after_cools_its_host_for_the_fleet_only(bus, wsettings, site, tmp_path):
     log = Log()
     logged_page(site, log)
     s = wsettings.with_overrides(worker={"host_concurrency": 1, "retry_base_delay": "200ms"})
@@ -381,7 +380,7 @@ async def test_a_429_with_retry_after_cools_its_host_for_the_fleet_only(bus, wse
 
 @pytest.mark.timing
 @pytest.mark.browser
-async def test_a_sigkilled_workers_slot_is_free_within_the_lease_ttl(bus, wsettings, site, tmp_path):  # noqa: F811
+async def test_a_sigkilled_workers_slot_is_free_within_the_lease_ttl(bus, wsettings, site, tmp_path):
     pages.install(site)
     s = wsettings.with_overrides(streams={"host_lease_ttl": "3s"})
     await provision.apply(bus.js, topology.load(s))
@@ -421,7 +420,7 @@ async def _gone(kv, key) -> bool:
 
 @pytest.mark.timing
 @pytest.mark.browser
-async def test_waiting_for_a_busy_host_does_not_count_against_task_timeout(bus, wsettings, site):  # noqa: F811
+async def test_waiting_for_a_busy_host_does_not_count_against_task_timeout(bus, wsettings, site):
     """Three three-second pages on one host, one at a time, an eight-second task_timeout: each
     task's clock starts when the host lets it in, so none times out waiting for the others (the
     third would wait six, nine seconds in all); and a deferral spends no attempt (one allowed).
@@ -443,7 +442,7 @@ async def test_waiting_for_a_busy_host_does_not_count_against_task_timeout(bus, 
 
 @pytest.mark.browser
 async def test_killed_on_every_attempt_the_worker_files_the_letter_despite_the_deferral_room(
-        bus, wsettings, site, tmp_path):  # noqa: F811
+        bus, wsettings, site, tmp_path):
     """The consumer's max_deliver leaves room for deferrals, so the server's advisory (and the
     reaper) would come only after that room; the worker itself dead-letters the delivery after the
     last attempt."""
@@ -473,7 +472,7 @@ async def test_killed_on_every_attempt_the_worker_files_the_letter_despite_the_d
 
 
 @pytest.mark.browser
-async def test_two_slots_on_a_host_without_a_delay_are_two_pages_at_once_never_more(bus, wsettings, site):  # noqa: F811
+async def test_two_slots_on_a_host_without_a_delay_are_two_pages_at_once_never_more(bus, wsettings, site):
     """No delay to space the starts: only the slots keep the host at two pages at once across two
     workers of three tabs each, and the pages are long enough that both slots are used together."""
     log = Log()
@@ -492,7 +491,7 @@ async def test_two_slots_on_a_host_without_a_delay_are_two_pages_at_once_never_m
 
 
 @pytest.mark.browser
-async def test_a_503_without_retry_after_cools_its_host_for_cool_default(bus, wsettings, site):  # noqa: F811
+async def test_a_503_without_retry_after_cools_its_host_for_cool_default(bus, wsettings, site):
     log = Log()
     cooling = 4.0
 
@@ -528,7 +527,7 @@ async def _cooled(bus, host: str) -> bool:
 
 
 @pytest.mark.browser
-async def test_without_fleet_politeness_a_worker_keeps_no_host_limit(bus, wsettings, site):  # noqa: F811
+async def test_without_fleet_politeness_a_worker_keeps_no_host_limit(bus, wsettings, site):
     """``worker.fleet_politeness = false``: the host limits are not enforced (no slots, no
     deferrals): three pages at once on a host whose limit is one page every two seconds."""
     log = Log()

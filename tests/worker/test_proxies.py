@@ -11,7 +11,6 @@ from busscrape.worker.daemon import Worker
 from tests.support import pages
 from tests.support.bus import dead_letters, enqueue, results
 from tests.support.forward_proxy import ForwardProxy
-from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser
 
@@ -19,7 +18,7 @@ PROXY_HOSTS = ("127.0.0.5", "127.0.0.6", "127.0.0.7")
 
 
 @pytest.fixture
-async def pbus(bus, wsettings):  # noqa: F811
+async def pbus(bus, wsettings):
     await provision.apply(bus.js, topology.load(wsettings))
     return bus
 
@@ -40,7 +39,7 @@ def targets(proxy) -> list[str]:
     return [t for t, _ in proxy.log]
 
 
-async def test_round_robin_over_a_pool_with_credentials_recorded_without_them(pbus, wsettings, site):  # noqa: F811
+async def test_round_robin_over_a_pool_with_credentials_recorded_without_them(pbus, wsettings, site):
     pages.install(site)
     with ForwardProxy("127.0.0.5", user="u", password="hunter2") as a, \
             ForwardProxy("127.0.0.6", user="u", password="hunter2") as b:
@@ -58,7 +57,7 @@ async def test_round_robin_over_a_pool_with_credentials_recorded_without_them(pb
             assert "hunter2" not in orjson.dumps(r.model_dump(mode="json")).decode()
 
 
-async def test_a_dead_proxy_is_benched_and_the_pool_goes_on(pbus, wsettings, site):  # noqa: F811
+async def test_a_dead_proxy_is_benched_and_the_pool_goes_on(pbus, wsettings, site):
     pages.install(site)
     with ForwardProxy("127.0.0.5", refuse=True) as dead, ForwardProxy("127.0.0.6") as live:
         s = proxied(wsettings, site, pools={"main": [dead.url(), live.url()]}, default_pool="main",
@@ -72,7 +71,7 @@ async def test_a_dead_proxy_is_benched_and_the_pool_goes_on(pbus, wsettings, sit
         assert len({t for t in targets(dead)}) == 1 and w.proxies.benched() == [dead.url()]
 
 
-async def test_hosts_map_to_pools_and_stick_to_one_proxy(pbus, wsettings, site):  # noqa: F811
+async def test_hosts_map_to_pools_and_stick_to_one_proxy(pbus, wsettings, site):
     pages.install(site)
     with ForwardProxy("127.0.0.5") as a1, ForwardProxy("127.0.0.6") as a2, ForwardProxy("127.0.0.7") as b:
         s = proxied(wsettings, site, pools={"a": [a1.url(), a2.url()], "b": [b.url()]},
@@ -89,7 +88,7 @@ async def test_hosts_map_to_pools_and_stick_to_one_proxy(pbus, wsettings, site):
         assert all(t.startswith(site.hosts[1]) for t in targets(b))
 
 
-async def test_a_proxied_request_to_a_blocked_address_is_still_refused(pbus, wsettings, site):  # noqa: F811
+async def test_a_proxied_request_to_a_blocked_address_is_still_refused(pbus, wsettings, site):
     """The task's proxy (a credential-free URL in options.proxy) is allowed; the target is not."""
     pages.install(site)
     with ForwardProxy("127.0.0.5") as up:
@@ -104,7 +103,7 @@ async def test_a_proxied_request_to_a_blocked_address_is_still_refused(pbus, wse
         assert ok.proxy == up.url() and all(t.startswith(site.hosts[0]) for t in targets(up))
 
 
-async def test_a_session_keeps_its_proxy_on_another_worker(pbus, wsettings, site, tmp_path):  # noqa: F811
+async def test_a_session_keeps_its_proxy_on_another_worker(pbus, wsettings, site, tmp_path):
     """``sticky_session``: the proxy a session used is kept in its record, so another worker (whose
     own round robin would start elsewhere) renders that session's pages through the same proxy."""
     from busscrape.worker.sessions import SessionStore

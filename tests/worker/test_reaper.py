@@ -11,7 +11,7 @@ from busscrape.status.records import StatusBoard
 from busscrape.worker.daemon import Worker
 from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, results, wait_until
-from tests.worker.test_daemon import run_worker, wsettings  # noqa: F401 - fixture
+from tests.worker.test_daemon import run_worker
 
 pytestmark = pytest.mark.browser
 
@@ -30,7 +30,7 @@ class DiesBeforeAck(Worker):
             self.stop()
 
 
-async def test_the_reaper_never_turns_an_archived_task_dead(bus, wsettings, site, tmp_path):  # noqa: F811
+async def test_the_reaper_never_turns_an_archived_task_dead(bus, wsettings, site, tmp_path):
     pages.install(site)
     last = wsettings.with_overrides(streams={"worker_ack_wait": "2s", "worker_max_deliver": 1,
                                              "worker_max_deferrals": 0})
@@ -73,7 +73,7 @@ class DiesBeforeFollowing(Worker):
 
 
 async def test_the_reaper_follows_the_links_of_a_crawl_page_whose_last_delivery_died_so_the_crawl_ends(
-        bus, wsettings, site, tmp_path):  # noqa: F811
+        bus, wsettings, site, tmp_path):
     from busscrape.crawl.run import start_crawl
     from busscrape.crawl.spec import CrawlSpec, crawl_task_id
     from busscrape.crawl.state import CrawlState

@@ -17,7 +17,6 @@ from busscrape.bus import provision, topology
 from busscrape.model.messages import TaskOptions
 from busscrape.worker.daemon import Worker
 from tests.support.bus import dead_letters, enqueue, results
-from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser
 
@@ -43,7 +42,7 @@ async def css_record_of(bus, url: str) -> str:
 
 
 @pytest.mark.parametrize("mode", ["worker", "page"])
-async def test_revisits_refer_only_to_pages_whose_result_stands(bus, wsettings, site, tmp_path, mode):  # noqa: F811
+async def test_revisits_refer_only_to_pages_whose_result_stands(bus, wsettings, site, tmp_path, mode):
     shared_css_site(site)
     folder = tmp_path / "extractors"
     folder.mkdir()

@@ -16,7 +16,6 @@ from busscrape.worker.sessions import SessionStore, Stored, read_rules
 from tests.support import cli
 from tests.support.bus import dead_letters, enqueue, results, two_workers, wait_until
 from tests.support.procs import env_for
-from tests.worker.test_daemon import wsettings  # noqa: F401 - fixture
 
 LOGIN = """<title>login</title><form method=post action=/login>
 <input id=user name=user><button id=go type=submit>log in</button></form>"""
@@ -71,7 +70,7 @@ def two_worker_settings(base, tmp_path, site):
 
 
 @pytest.mark.browser
-async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bus, wsettings, site,  # noqa: F811
+async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bus, wsettings, site,
                                                                              tmp_path):
     seen = login_site(site)
     s = wsettings.with_overrides(worker={"concurrency": 3, "sessions_file": str(sessions_file(tmp_path, site)),
@@ -101,7 +100,7 @@ async def test_one_login_for_twenty_tasks_and_nothing_for_a_session_less_task(bu
 
 
 @pytest.mark.browser
-async def test_a_login_whose_visit_is_deferred_is_kept_not_typed_again(bus, wsettings, site, tmp_path):  # noqa: F811
+async def test_a_login_whose_visit_is_deferred_is_kept_not_typed_again(bus, wsettings, site, tmp_path):
     """The login runs after the task entered its host; while it runs (1.5 s), a session-less
     task takes the host's start, so the logged-in visit is deferred (a 6 s delay: the login's page,
     steps and 1.5 s must end within it, which 3 s was seen not to be on a loaded machine). The
@@ -125,7 +124,7 @@ async def test_a_login_whose_visit_is_deferred_is_kept_not_typed_again(bus, wset
 
 
 @pytest.mark.browser
-async def test_two_workers_log_a_new_session_in_once(bus, wsettings, site, tmp_path):  # noqa: F811
+async def test_two_workers_log_a_new_session_in_once(bus, wsettings, site, tmp_path):
     """The first worker to find the session missing takes its login lease; the other worker's
     tasks of that session are deferred until the session is stored, then use it."""
     seen = login_site(site, slow=1.5)
@@ -142,7 +141,7 @@ async def test_two_workers_log_a_new_session_in_once(bus, wsettings, site, tmp_p
 
 
 @pytest.mark.browser
-async def test_a_failed_check_logs_in_again_once_for_the_fleet(bus, wsettings, site, tmp_path):  # noqa: F811
+async def test_a_failed_check_logs_in_again_once_for_the_fleet(bus, wsettings, site, tmp_path):
     """The site forgets the session's login: both workers' pages fail the check at once, one of
     them logs in again under the session's login lease, the other's tasks wait and use it."""
     seen = login_site(site, slow=1.5)
@@ -163,7 +162,7 @@ async def test_a_failed_check_logs_in_again_once_for_the_fleet(bus, wsettings, s
 
 
 @pytest.mark.browser
-async def test_a_tasks_cookies_never_overwrite_a_newer_login_stored_meanwhile(bus, wsettings, site,  # noqa: F811
+async def test_a_tasks_cookies_never_overwrite_a_newer_login_stored_meanwhile(bus, wsettings, site,
                                                                               tmp_path):
     """A task renders with login 1; while its page loads, another worker logs the session in
     again (login 2, stored). The task's write-back of its cookies (login 1's) must not replace
@@ -199,7 +198,7 @@ async def test_a_tasks_cookies_never_overwrite_a_newer_login_stored_meanwhile(bu
 
 
 @pytest.mark.browser
-async def test_an_expired_session_logs_in_again(bus, wsettings, site, tmp_path):  # noqa: F811
+async def test_an_expired_session_logs_in_again(bus, wsettings, site, tmp_path):
     seen = login_site(site)
     s = wsettings.with_overrides(worker={"concurrency": 1, "sessions_file": str(sessions_file(tmp_path, site, "2s"))})
     await provision.apply(bus.js, topology.load(s))
@@ -236,7 +235,7 @@ def test_a_bad_sessions_file_names_the_rule_the_field_and_what_is_accepted(tmp_p
 
 
 @pytest.mark.browser
-async def test_sessions_are_isolated_from_each_other_and_from_session_less_tasks(bus, wsettings, site,  # noqa: F811
+async def test_sessions_are_isolated_from_each_other_and_from_session_less_tasks(bus, wsettings, site,
                                                                                  tmp_path):
     """Two sessions logged in as two users, and session-less tasks, interleaved on one worker:
     each page sees its own session's cookie, a session-less page none."""
@@ -266,7 +265,7 @@ check_selector = "#logout"
 
 
 @pytest.mark.browser
-async def test_a_task_naming_a_session_no_rule_covers_is_dead_lettered_at_once(bus, wsettings, site,  # noqa: F811
+async def test_a_task_naming_a_session_no_rule_covers_is_dead_lettered_at_once(bus, wsettings, site,
                                                                               tmp_path):
     seen = login_site(site)
     s = wsettings.with_overrides(worker={"sessions_file": str(sessions_file(tmp_path, site))})
@@ -281,7 +280,7 @@ async def test_a_task_naming_a_session_no_rule_covers_is_dead_lettered_at_once(b
 
 
 @pytest.mark.browser
-async def test_a_session_whose_storage_is_over_a_value_keeps_its_cookies_and_the_page(bus, wsettings, site,  # noqa: F811
+async def test_a_session_whose_storage_is_over_a_value_keeps_its_cookies_and_the_page(bus, wsettings, site,
                                                                                     tmp_path):
     """The page fills 1.5 MB of localStorage: the session's storage_state is over the 1 MiB
     SESSIONS value. The page is archived (no retry, no dead letter) and the session kept without
@@ -347,7 +346,7 @@ def unpacked(data: bytes) -> bytes:
 
 @pytest.mark.browser
 @pytest.mark.parametrize("cookies", ["masked", "kept"])
-async def test_a_login_again_is_never_recorded_and_a_sessions_cookies_are_masked(bus, wsettings, site,  # noqa: F811
+async def test_a_login_again_is_never_recorded_and_a_sessions_cookies_are_masked(bus, wsettings, site,
                                                                                  tmp_path, cookies):
     """The site forgets the login: the page fails its check, the session logs in again, the page
     is visited again. Its HAR and WARC hold the logged-in visit only: not the login form's POST

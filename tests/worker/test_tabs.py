@@ -14,7 +14,7 @@ from busscrape.model.steps import WaitFor
 from busscrape.settings import BrowserSettings
 from busscrape.worker.browser.pool import BrowserPool
 from tests.support.bus import enqueue, results, wait_until
-from tests.worker.test_daemon import run_worker, wbus, wsettings  # noqa: F401 - fixtures
+from tests.worker.test_daemon import run_worker
 
 pytestmark = pytest.mark.browser
 
@@ -45,7 +45,7 @@ READER = """<title>reader</title><pre id=out></pre><script>
 })();</script>"""
 
 
-async def render_in_turn(wbus, wsettings, site, isolation, pages):  # noqa: F811
+async def render_in_turn(wbus, wsettings, site, isolation, pages):
     """Serves `pages` (path -> HTML) and renders them in order in one slot: each task runs in the tab
     (or the replacement context) the one before it used, right after it. Each page signals `#done`
     when it has run."""
@@ -58,7 +58,7 @@ async def render_in_turn(wbus, wsettings, site, isolation, pages):  # noqa: F811
 
 
 @pytest.mark.parametrize("isolation", ["tab", "context"])
-async def test_state_set_by_one_task_is_invisible_to_the_next(wbus, wsettings, site, isolation):  # noqa: F811
+async def test_state_set_by_one_task_is_invisible_to_the_next(wbus, wsettings, site, isolation):
     fetched = []
 
     @site.route("/cacheable")
@@ -131,7 +131,7 @@ fetch('/protected').then(r => document.body.insertAdjacentHTML('beforeend', '<p 
 
 
 @pytest.mark.parametrize("isolation", ["tab", "context"])
-async def test_credentials_one_task_gave_a_site_are_not_sent_for_the_next(wbus, wsettings, site, isolation):  # noqa: F811
+async def test_credentials_one_task_gave_a_site_are_not_sent_for_the_next(wbus, wsettings, site, isolation):
     sent = []
 
     @site.route("/protected")
@@ -188,7 +188,7 @@ FRAME_READER = """<script>(async () => {
 
 
 @pytest.mark.parametrize("isolation", ["tab", "context"])
-async def test_storage_a_cross_site_frame_left_is_invisible_to_the_next_task(wbus, wsettings, site, isolation):  # noqa: F811
+async def test_storage_a_cross_site_frame_left_is_invisible_to_the_next_task(wbus, wsettings, site, isolation):
     reports = []
 
     @site.route("/report")
@@ -248,7 +248,7 @@ window.addEventListener('load', () => {
 
 
 @pytest.mark.parametrize("isolation", ["tab", "context"])
-async def test_a_tasks_options_and_its_frames_storage_do_not_carry_over(wbus, wsettings, site, isolation):  # noqa: F811
+async def test_a_tasks_options_and_its_frames_storage_do_not_carry_over(wbus, wsettings, site, isolation):
     headers_seen = {}
 
     def page_with_headers(path: str, html: str) -> None:
@@ -353,7 +353,7 @@ navigator.serviceWorker.getRegistrations().then((all) => {
 
 
 @pytest.mark.parametrize("isolation", ["tab", "context"])
-async def test_a_page_cannot_install_a_service_worker_for_the_next_task(wbus, wsettings, site, isolation):  # noqa: F811
+async def test_a_page_cannot_install_a_service_worker_for_the_next_task(wbus, wsettings, site, isolation):
     @site.route("/sw.js")
     async def worker_script(request):
         return web.Response(text="self.addEventListener('fetch', () => {});", content_type="text/javascript")
