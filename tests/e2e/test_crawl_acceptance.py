@@ -100,17 +100,22 @@ def gaps(times: Iterable[float]) -> list[float]:
     return [later - earlier for earlier, later in itertools.pairwise(sorted(times))]
 
 
+# The HAR's phases from a request's start to the first byte of its answer ("ssl" is part of "connect").
+TO_FIRST_BYTE = ("blocked", "dns", "connect", "send", "wait")
+
+
 def page_requests(archive: Path) -> tuple[list[float], float]:
     """Each archived page's request as its HAR has it (the epoch seconds Chromium started it), and
-    the longest any of them waited for the site's answer (seconds)."""
-    started, waits = [], [0.0]
+    the longest any of them took from that start to the first byte of the site's answer (seconds):
+    the site's handler saw each request within that much of its start."""
+    started, to_first_byte = [], [0.0]
     for meta_file in archive.glob("dt=*/host=*/*/meta.json"):
         url = json.loads(meta_file.read_text())["url"]
         har = json.loads(gzip.decompress((meta_file.parent / "page.har.gz").read_bytes()))
         [entry] = [e for e in har["log"]["entries"] if e["request"]["url"] == url][:1]
         started.append(datetime.fromisoformat(entry["startedDateTime"]).timestamp())
-        waits.append(max(entry["timings"]["wait"], 0) / 1000)
-    return started, max(waits)
+        to_first_byte.append(sum(max(entry["timings"].get(phase, 0), 0) for phase in TO_FIRST_BYTE) / 1000)
+    return started, max(to_first_byte)
 
 
 def unpacked(path: Path) -> list[bytes]:
@@ -162,15 +167,18 @@ async def test_a_crawl_with_every_hard_part_obeys_seeds_archives_once_finishes_a
     assert not any(p.startswith("/secret") for p in asked), sorted(asked)
     assert site.hits[(seed_host, "/robots.txt")] >= 1
     # The Crawl-delay between page requests: as the browser sent them (each page's HAR, Chromium's
-    # own start of the request), and as the site saw them, less the longest the site took to
-    # answer a page (its stamps are taken in its handler, which a loaded machine runs late: the
-    # home page once waited 1.06 s for its answer, and its stamp came 1.11 s before the next).
+    # own start of the request), and as the site saw them, less the longest a page's request took
+    # to its first byte of answer. The site stamps a request in its handler, somewhere between
+    # the request's start and that first byte, and a loaded machine runs it late: the home page
+    # once waited 1.06 s for its answer and its stamp came 1.11 s before the next; a request once
+    # reached the handler ~80 ms after it started while the next came at once (1.95 s between the
+    # stamps, 2.0 s between the starts), which the wait alone (29 ms) did not cover.
     archive = tmp_path / "state" / "archive"
-    sent, answered_in = page_requests(archive)
+    sent, first_byte_within = page_requests(archive)
     between = gaps(sent)
     assert len(sent) == BUDGET and min(between) >= CRAWL_DELAY, between
     seen = gaps(t for path, t in pages.pages if path not in NOT_PAGES)
-    assert seen and min(seen) >= CRAWL_DELAY - answered_in, (seen, answered_in)
+    assert seen and min(seen) >= CRAWL_DELAY - first_byte_within, (seen, first_byte_within)
 
     # Seeds every sitemap URL within the budget: the budget's pages archived, the rest counted.
     paths = archived_paths(archive)
