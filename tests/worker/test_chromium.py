@@ -32,10 +32,22 @@ def argv(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
-def browser_argv(p: BrowserPool) -> list[str]:
-    """The command line of the browser process itself (not a renderer, GPU or utility child)."""
-    [main] = [a for a in map(argv, p.pids()) if any(x.startswith("--busscrape-pool=") for x in a)]
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def browser_pid(p: BrowserPool) -> int:
+    """The browser process itself (not a renderer, GPU or utility child). A child it has forked
+    and not yet exec'd still has its command line, marker included: the browser is the marked
+    process whose parent is not marked (a fresh clone once found two)."""
+    marked = {pid for pid in p.pids() if any(x.startswith("--busscrape-pool=") for x in argv(pid))}
+    [main] = [pid for pid in marked if parent(pid) not in marked]
     return main
+
+
+def browser_argv(p: BrowserPool) -> list[str]:
+    """The command line of the browser process itself."""
+    return argv(browser_pid(p))
 
 
 async def test_playwrights_own_feature_switches_are_not_replaced():
@@ -63,7 +75,7 @@ async def test_chromium_starts_with_only_the_environment_it_needs(monkeypatch):
     async with pool() as p:
         pids = p.pids()
         environments = {pid: Path(f"/proc/{pid}/environ").read_bytes() for pid in pids}
-        main = next(pid for pid in pids if argv(pid) == browser_argv(p))
+        main = browser_pid(p)
     assert len(environments) >= 3  # the browser, a zygote, a renderer or utility at least
     for pid, env in environments.items():
         assert b"4242" not in env, pid
