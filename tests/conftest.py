@@ -5,7 +5,8 @@
   tests never see each other's messages even though stream names are fixed.
 - ``applied``: the same, with ``streams apply`` done.
 - ``wsettings`` / ``wbus``: a worker's settings for the ``site`` (its addresses allowed, short
-  waits, three deliveries), and the bus provisioned from them.
+  waits, three deliveries), and the bus provisioned from them; ``short_ack``: the same with a
+  2 s ack_wait.
 - ``s3``: a real S3-protocol server (MinIO in Docker, else moto_server) for the session.
 - ``azurite`` / ``gcs``: Azure's and Google's storage emulators for the session (tests/support/clouds.py).
 - ``site``: a website served on 127.0.0.2 and 127.0.0.3 (distinct origins).
@@ -133,6 +134,14 @@ async def wbus(bus: Bus, wsettings: Settings) -> Bus:
     """A clean server with every stream, consumer and bucket of ``wsettings``."""
     await provision.apply(bus.js, topology.load(wsettings))
     return bus
+
+
+@pytest.fixture
+async def short_ack(wbus: Bus, wsettings: Settings) -> Settings:
+    """``wsettings`` with a 2s ack_wait, so a killed attempt's task comes back quickly."""
+    short = wsettings.with_overrides(streams={"worker_ack_wait": "2s"})
+    await provision.apply(wbus.js, topology.load(short))
+    return short
 
 
 @pytest.fixture(scope="session")

@@ -345,14 +345,6 @@ async def live_objects(bus) -> int:
     return len(info.state.subjects or {})
 
 
-@pytest.fixture
-async def short_ack(wbus, wsettings):
-    """A 2s ack_wait, so a killed attempt's task comes back quickly."""
-    short = wsettings.with_overrides(streams={"worker_ack_wait": "2s"})
-    await provision.apply(wbus.js, topology.load(short))
-    return short
-
-
 LEFTOVER_OPTIONS = {"steps": (Screenshot(name="top"),),
                     "options": TaskOptions(artifacts=("html", "screenshot", "har", "text"))}
 """A task with five artifacts, for the tests of what a killed attempt left behind."""

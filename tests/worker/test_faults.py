@@ -16,12 +16,11 @@ from tests.support import pages
 from tests.support.bus import count, dead_letters, enqueue, results, wait_until
 from tests.support.procs import env_for, kill9, leftover_chromium, spawn
 from tests.support.relay import Relay, result_publish, task_ack
-from tests.worker.test_daemon import (  # noqa: F401 - short_ack: a fixture
+from tests.worker.test_daemon import (
     LEFTOVER_OPTIONS,
     after_a_death_after_storing,
     after_a_death_before_the_ack,
     run_worker,
-    short_ack,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -50,8 +49,8 @@ async def fast_redelivery(bus, wsettings):
 @pytest.fixture
 async def fast_redelivery_with_room(bus, wsettings):
     """Room for two deliveries that never reach the page (a worker whose request Chromium dropped
-    when a container test changed this host's network: an outage, which naks the task without
-    spending an attempt) for the tests that are not about reaping."""
+    when this machine's network changed: an outage, which naks the task without spending an
+    attempt) for the tests that are not about reaping."""
     return await fast_redelivery_streams(bus, wsettings, deferrals=2)
 
 
@@ -169,14 +168,14 @@ async def kill9_at(settings, tmp_path, nats_server, point) -> None:
 
 
 async def test_sigkill_between_the_results_puback_and_the_tasks_ack_leaves_one_result(
-        wbus, short_ack, site, stamps, tmp_path, nats_server):  # noqa: F811 - the fixture
+        wbus, short_ack, site, stamps, tmp_path, nats_server):
     await enqueue(wbus.js, site.url("/static"))
     await kill9_at(short_ack, tmp_path, nats_server, task_ack)
     await after_a_death_before_the_ack(wbus, short_ack)
 
 
 async def test_sigkill_after_storing_the_artifacts_before_the_result_leaves_them_to_the_retry(
-        wbus, short_ack, site, stamps, tmp_path, nats_server):  # noqa: F811 - the fixture
+        wbus, short_ack, site, stamps, tmp_path, nats_server):
     task = await enqueue(wbus.js, site.url("/static"), **LEFTOVER_OPTIONS)
     await kill9_at(short_ack, tmp_path, nats_server, result_publish)
     await after_a_death_after_storing(wbus, short_ack, task)
